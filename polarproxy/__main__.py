@@ -1,0 +1,3 @@
+from polarproxy.cli import main
+
+main()

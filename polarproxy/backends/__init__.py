@@ -1,0 +1,1 @@
+"""Inference backends: SGLang /generate (and the local server that speaks it)."""

@@ -1,0 +1,56 @@
+"""What the capture layer needs from a backend: token IDs in, sampled token IDs and logprobs out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class GenerateParams:
+    max_new_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class Generation:
+    """The backend's answer so far. Token lists grow; `finish_reason` is set on the last one."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    new_ids: list[int]  # the IDs this update added
+    finish_reason: str | None = None  # 'stop' | 'length' | 'abort'
+    matched_stop: int | str | None = None
+    prompt_tokens: int | None = None
+    weight_version: str | None = None
+
+
+class BackendError(Exception):
+    """The backend could not serve the call. `kind` says why, for the record and the harness."""
+
+    def __init__(self, message: str, *, kind: str = "backend_error", status: int = 502) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind  # backend_unreachable | backend_error | backend_rejected | backend_disconnected
+        self.status = status
+
+
+class Backend(Protocol):
+    url: str
+    kind: str
+
+    def generate(self, prompt_ids: list[int], params: GenerateParams, *, stream: bool) -> AsyncIterator[Generation]:
+        """Yields growing generations; the last one has `finish_reason`. Raises BackendError."""
+        ...
+
+    async def health(self) -> None:
+        """Raises BackendError when the backend cannot serve."""
+        ...
+
+    async def aclose(self) -> None: ...

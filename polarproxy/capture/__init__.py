@@ -1,0 +1,1 @@
+"""Capture: the mitmproxy addon, the gateway that serves calls from the backend, and `record`."""

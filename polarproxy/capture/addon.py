@@ -1,0 +1,201 @@
+"""The mitmproxy addon: route harness requests to the gateway, record every call (gateway mode).
+
+Load it with `mitmdump -s addons/polarproxy_recorder.py --mode reverse:http://BACKEND --set
+polarproxy_model=DIR`, or let `polarproxy record` / `polarproxy serve` run it in process. A request on a
+known provider route is parsed here (a malformed one is answered with a provider-shaped 4xx and recorded
+as failed), parked with the responder and forwarded to it, which streams the answer back through
+mitmproxy. Anything else gets a provider-shaped 404; nothing reaches the backend unrecorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+import orjson
+from mitmproxy import ctx, exceptions, http
+
+from polarproxy.capture.gateway import JSON_HEADERS, Gateway, GatewayOptions, PendingCall
+from polarproxy.capture.redact import redact_headers, redact_path
+from polarproxy.capture.responder import Responder
+from polarproxy.capture.store_writer import StoreWriter
+from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
+from polarproxy.store.records import CallStart, EpisodeStart
+
+log = logging.getLogger("polarproxy.addon")
+
+EPISODE_HEADER = "x-polarproxy-episode"
+_EPISODE_PATH = re.compile(r"^/e/([A-Za-z0-9_.:-]{1,128})(/.*)$")
+META_KEY = "polarproxy.flow"
+
+
+class Recorder:
+    """mitmproxy addon. Build it with a ready `gateway` (in process) or configure it with options."""
+
+    def __init__(
+        self,
+        *,
+        gateway: Gateway | None = None,
+        writer: StoreWriter | None = None,
+        default_episode: str | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        self.gateway = gateway
+        self.writer = writer
+        self.default_episode = default_episode
+        self.model_name = model_name
+        self._injected = gateway is not None
+        self.responder: Responder | None = None
+
+    # -- mitmproxy lifecycle --------------------------------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        loader.add_option("polarproxy_model", str, "", "Model folder with the tokenizer and chat template.")
+        loader.add_option(
+            "polarproxy_backend", str, "", "Backend URL (SGLang-compatible /generate). Default: the reverse target."
+        )
+        loader.add_option(
+            "polarproxy_db", str, "", "Store: a SQLite path or database URL. Default: $POLARPROXY_DB or the data dir."
+        )
+        loader.add_option(
+            "polarproxy_episode", str, "", "Episode for calls that name none. Default: a new episode per start."
+        )
+        loader.add_option("polarproxy_max_tokens", int, 4096, "max_new_tokens when a request sets no limit.")
+
+    def configure(self, updated: set[str]) -> None:
+        if self._injected or not any(k.startswith("polarproxy_") for k in updated):
+            return
+        opts = ctx.options
+        if not opts.polarproxy_model:
+            raise exceptions.OptionsError(
+                "polarproxy_model is not set. Pass --set polarproxy_model=DIR (a model folder with a tokenizer)."
+            )
+        backend_url = opts.polarproxy_backend or _reverse_target(opts.mode)
+        if not backend_url:
+            raise exceptions.OptionsError(
+                "polarproxy_backend is not set and the mode is not reverse:URL. "
+                "Pass --set polarproxy_backend=http://HOST:PORT or --mode reverse:http://HOST:PORT."
+            )
+        from polarproxy.backends.sglang import SGLangBackend
+        from polarproxy.errors import PolarproxyError
+        from polarproxy.render.renderer import Renderer
+        from polarproxy.store.store import Store
+
+        try:
+            renderer = Renderer(opts.polarproxy_model)
+            store = Store.open(opts.polarproxy_db or None)
+        except PolarproxyError as e:
+            raise exceptions.OptionsError(f"{e.message} {e.hint or ''}".strip()) from e
+        except Exception as e:  # the store raises its own error types
+            raise exceptions.OptionsError(str(e)) from e
+        self.writer = StoreWriter(store)
+        self.gateway = Gateway(
+            renderer=renderer,
+            backend=SGLangBackend(backend_url),
+            store=self.writer,
+            options=GatewayOptions(max_tokens_default=opts.polarproxy_max_tokens),
+        )
+        self.default_episode = opts.polarproxy_episode or None
+        self.model_name = renderer.model_dir.name
+        if "connection_strategy" in opts.keys() and opts.connection_strategy != "lazy":
+            opts.update(connection_strategy="lazy")  # never dial the reverse target on connect
+
+    async def running(self) -> None:
+        if self.gateway is None:
+            return
+        self.responder = Responder(self.gateway.serve)
+        await self.responder.start()
+        if self.default_episode is None and self.writer is not None:
+            self.default_episode = await self.writer.create_episode(EpisodeStart(command=["mitmdump"]))
+
+    async def done(self) -> None:
+        if self.responder is not None:
+            await self.responder.stop()
+        if not self._injected and self.gateway is not None:
+            await self.gateway.backend.aclose()
+            if self.writer is not None:
+                self.writer.close()
+
+    # -- flows ----------------------------------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if self.gateway is None or self.responder is None or self.writer is None:
+            return
+        req = flow.request
+        path = req.path
+        episode = req.headers.get(EPISODE_HEADER) or None
+        m = _EPISODE_PATH.match(path)
+        if m:
+            episode, path = m.group(1), m.group(2)
+        episode = episode or self.default_episode
+        bare_path = path.partition("?")[0]
+        dialect = route(req.method, bare_path)
+        if dialect is None:
+            self._answer_other(flow, req.method, bare_path)
+            return
+        assert episode is not None
+        await self.writer.ensure_episode(episode, EpisodeStart(command=["serve"]))
+        start = CallStart(
+            episode_id=episode,
+            dialect=dialect.name,
+            method=req.method,
+            path=redact_path(path),
+            model="",
+            stream=False,
+            request_headers=redact_headers(req.headers.items(multi=True)),
+            request_body=req.get_text(strict=False) or "",
+            conversation=None,
+            prompt_ids=[],
+            started_at=time.time(),
+        )
+        try:
+            try:
+                body = orjson.loads(req.content or b"")
+            except orjson.JSONDecodeError as e:
+                raise DialectError(f"The request body is not valid JSON: {e}.") from e
+            conv = dialect.parse(body, path=bare_path, query=dict(req.query))
+        except DialectError as e:
+            await self.gateway.record_failure(start, status="failed", error=f"bad request: {e.message}",
+                                               http_status=e.status)
+            flow.response = http.Response.make(e.status, dialect.error(e.status, e.message, e.code), JSON_HEADERS)
+            return
+        start.model = conv.model
+        start.stream = conv.stream
+        start.conversation = conv.to_dict()
+        parked = self.responder.park(
+            PendingCall(flow_id=flow.id, episode_id=episode, dialect=dialect, conversation=conv, start=start)
+        )
+        flow.metadata[META_KEY] = flow.id
+        req.scheme = "http"
+        req.host = "127.0.0.1"
+        req.port = self.responder.port
+        req.method = "POST"
+        req.path = parked
+        req.headers.clear()
+        req.headers["host"] = f"127.0.0.1:{self.responder.port}"
+        req.content = b""
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if META_KEY in flow.metadata and flow.response is not None:
+            flow.response.stream = True  # pass the answer through as the gateway writes it
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        if META_KEY in flow.metadata and self.responder is not None:
+            self.responder.abort(flow.metadata[META_KEY])
+
+    def _answer_other(self, flow: http.HTTPFlow, method: str, path: str) -> None:
+        if method == "GET" and path.rstrip("/").endswith("/models"):
+            body = {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "polarproxy"}]}
+            flow.response = http.Response.make(200, orjson.dumps(body), JSON_HEADERS)
+            return
+        msg = f"Unknown route {method} {path}. polarproxy serves: {', '.join(served_routes())}, GET /v1/models."
+        flow.response = http.Response.make(404, OPENAI_CHAT.error(404, msg, "unknown_route"), JSON_HEADERS)
+
+
+def _reverse_target(modes: Any) -> str:
+    for mode in modes or []:
+        if isinstance(mode, str) and mode.startswith("reverse:"):
+            return mode.removeprefix("reverse:")
+    return ""

@@ -1,0 +1,177 @@
+"""`polarproxy record` and `polarproxy serve`: a proxy in this process, a harness as a child process.
+
+One `record` is one episode. The child gets base URLs and placeholder keys for every provider SDK, so an
+unmodified harness talks to the proxy; its stdin/stdout/stderr are the terminal's; SIGTERM, SIGHUP and
+SIGQUIT are passed on (SIGINT from a terminal reaches the child directly, as it shares the terminal),
+and `record` exits with the child's exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polarproxy.backends.base import BackendError
+from polarproxy.backends.sglang import SGLangBackend
+from polarproxy.capture.gateway import Gateway, GatewayOptions
+from polarproxy.capture.proxy import start_proxy
+from polarproxy.capture.store_writer import StoreWriter
+from polarproxy.errors import UsageError
+from polarproxy.render.renderer import Renderer
+from polarproxy.store.records import EpisodeStart
+from polarproxy.store.store import Store
+
+PLACEHOLDER_KEY = "sk-polarproxy-local"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def harness_env(base: Mapping[str, str], proxy_url: str, episode_id: str) -> dict[str, str]:
+    """The child's environment: every provider SDK pointed at the proxy, with placeholder keys."""
+    env = dict(base)
+    env.update(
+        {
+            "OPENAI_BASE_URL": f"{proxy_url}/v1",
+            "OPENAI_API_KEY": PLACEHOLDER_KEY,
+            "ANTHROPIC_BASE_URL": proxy_url,
+            "ANTHROPIC_API_KEY": PLACEHOLDER_KEY,
+            "GOOGLE_GEMINI_BASE_URL": proxy_url,
+            "GEMINI_API_KEY": PLACEHOLDER_KEY,
+            "POLARPROXY_URL": proxy_url,
+            "POLARPROXY_EPISODE": episode_id,
+        }
+    )
+    env.pop("ANTHROPIC_AUTH_TOKEN", None)
+    return env
+
+
+@dataclass
+class ProxyConfig:
+    backend: str
+    model: Path
+    db: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_tokens_default: int = 4096
+    harness: str | None = None
+    task: str | None = None
+    group_id: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    check_backend: bool = True  # fail at start when the backend's /health does not answer
+
+
+@dataclass
+class RecordOutcome:
+    exit_code: int
+    episode_id: str
+    db: str
+
+
+@dataclass
+class _Stack:
+    store: Store
+    writer: StoreWriter
+    gateway: Gateway
+    renderer: Renderer
+
+
+async def _open(cfg: ProxyConfig) -> _Stack:
+    renderer = Renderer(cfg.model)
+    try:
+        store = Store.open(cfg.db)
+    except Exception as e:
+        raise UsageError(f"Cannot open the store '{cfg.db or 'default'}': {e}",
+                         hint="Pass --db PATH to a writable file, or set POLARPROXY_DB.") from e
+    backend = SGLangBackend(cfg.backend)
+    try:
+        if cfg.check_backend:
+            await backend.health()
+    except BackendError as e:
+        await backend.aclose()
+        raise UsageError(
+            e.message,
+            hint="Start one with `polarproxy backend --model DIR --port 30000`, or pass --backend URL of a running "
+            "SGLang-compatible server.",
+        ) from e
+    writer = StoreWriter(store)
+    gateway = Gateway(renderer=renderer, backend=backend, store=writer,
+                      options=GatewayOptions(max_tokens_default=cfg.max_tokens_default))
+    return _Stack(store=store, writer=writer, gateway=gateway, renderer=renderer)
+
+
+async def _close(stack: _Stack) -> None:
+    await stack.gateway.backend.aclose()
+    stack.writer.close()
+
+
+async def record(cfg: ProxyConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
+                 ) -> RecordOutcome:
+    """Run `command` as one recorded episode. Returns the child's exit code (128+N for signal N)."""
+    stack = await _open(cfg)
+    episode_id = await stack.writer.create_episode(
+        EpisodeStart(command=command, harness=cfg.harness, cwd=os.getcwd(), task=cfg.task, group_id=cfg.group_id,
+                     metadata=dict(cfg.metadata))
+    )
+    proxy = await start_proxy(stack.gateway, writer=stack.writer, default_episode=episode_id,
+                              model_name=stack.renderer.model_dir.name, host=cfg.host, port=cfg.port)
+    if on_ready:
+        on_ready(proxy.url, episode_id)
+    loop = asyncio.get_running_loop()
+    rc = 127
+    try:
+        try:
+            proc = await asyncio.create_subprocess_exec(*command, env=harness_env(os.environ, proxy.url, episode_id))
+        except (FileNotFoundError, PermissionError) as e:
+            print(f"Error: cannot run {command[0]!r}: {e.strerror}.", file=sys.stderr)
+            rc = 127 if isinstance(e, FileNotFoundError) else 126
+        else:
+            for sig in FORWARDED_SIGNALS:
+                loop.add_signal_handler(sig, _forward, proc, sig)
+            with contextlib.suppress(ValueError):
+                loop.add_signal_handler(signal.SIGINT, lambda: None)  # the child got it from the terminal
+            rc = await proc.wait()
+            rc = 128 - rc if rc < 0 else rc
+    finally:
+        for sig in (*FORWARDED_SIGNALS, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await proxy.stop()
+        await stack.writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
+        await _close(stack)
+    return RecordOutcome(exit_code=rc, episode_id=episode_id, db=str(stack.store.url))
+
+
+def _forward(proc: asyncio.subprocess.Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+async def serve(cfg: ProxyConfig, *, on_ready: Callable[[str, str], None] | None = None,
+                stop: asyncio.Event | None = None) -> str:
+    """Serve until SIGINT/SIGTERM (or `stop`). Calls without an episode go to one new episode."""
+    stack = await _open(cfg)
+    episode_id = await stack.writer.create_episode(
+        EpisodeStart(command=["serve"], harness=cfg.harness, cwd=os.getcwd(), task=cfg.task, group_id=cfg.group_id,
+                     metadata=dict(cfg.metadata))
+    )
+    proxy = await start_proxy(stack.gateway, writer=stack.writer, default_episode=episode_id,
+                              model_name=stack.renderer.model_dir.name, host=cfg.host, port=cfg.port)
+    if on_ready:
+        on_ready(proxy.url, episode_id)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await proxy.stop()
+        await stack.writer.finish_episode(episode_id, status="ok", exit_code=None)
+        await _close(stack)
+    return episode_id

@@ -1,0 +1,297 @@
+"""The `polarproxy` command line. Parse, call the library, render with rich: no SQL, no wire parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from polarproxy import __version__
+
+app = typer.Typer(
+    pretty_exceptions_show_locals=False,
+    no_args_is_help=True,
+    add_completion=False,
+    help="Record the exact tokens a model saw and sampled inside unmodified agent harnesses.",
+)
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option("--db", envvar="POLARPROXY_DB", help="SQLite path or database URL (default: the user data dir)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+BackendOpt = Annotated[
+    str | None, typer.Option("--backend", envvar="POLARPROXY_BACKEND", help="Backend URL (SGLang-compatible).")
+]
+ModelOpt = Annotated[
+    Path | None, typer.Option("--model", envvar="POLARPROXY_MODEL", help="Model folder (tokenizer + chat template).")
+]
+
+
+def fail(message: str, hint: str | None = None) -> NoReturn:
+    """`Error: <what>` then a hint, exit 1 (DESIGN.md §9)."""
+    from rich.console import Console
+
+    err = Console(stderr=True, highlight=False)
+    err.print(f"[bold red]Error:[/] {message}", markup=True, soft_wrap=True)
+    if hint:
+        err.print(hint, style="dim", markup=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _print_json(data: Any) -> None:
+    import orjson
+
+    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _require(backend: str | None, model: Path | None) -> tuple[str, Path]:
+    if not backend:
+        fail("No backend given.", "Pass --backend URL (or set POLARPROXY_BACKEND), e.g. --backend http://127.0.0.1:30000 "
+             "after `polarproxy backend --model DIR --port 30000`.")
+    if model is None:
+        fail("No model folder given.", "Pass --model DIR (or set POLARPROXY_MODEL): the folder with the tokenizer and "
+             "chat template the backend serves. `polarproxy tiny-model ./tiny` builds one.")
+    return backend, model
+
+
+def _open_store(db: str | None) -> Any:
+    from polarproxy.store.store import Store
+
+    try:
+        return Store.open(db)
+    except Exception as e:
+        fail(f"Cannot open the store '{db or 'default'}': {e}", "Pass --db PATH to a writable file, or set POLARPROXY_DB.")
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False) -> None:
+    if version:
+        typer.echo(__version__)
+        raise typer.Exit(0)
+
+
+@app.command("tiny-model")
+def tiny_model(
+    out: Annotated[Path, typer.Argument(help="Folder to write the model into.")],
+    train_steps: Annotated[int | None, typer.Option(help="Training steps (0: random weights).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Build a tiny Qwen3-architecture model, tokenizer and chat template, offline."""
+    from rich.progress import Progress
+
+    from polarproxy.tiny import DEFAULT_TRAIN_STEPS, build_tiny_model
+
+    steps = DEFAULT_TRAIN_STEPS if train_steps is None else train_steps
+    if steps < 0:
+        fail(f"--train-steps {steps} is negative.", "Pass 0 for random weights or a positive step count.")
+    t0 = time.perf_counter()
+    with Progress(transient=True) as progress:
+        task = progress.add_task("training", total=max(steps, 1))
+
+        def report(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=max(total, 1))
+
+        path = build_tiny_model(out, train_steps=steps, seed=seed, progress=report)
+    typer.echo(f"tiny model in {path} ({time.perf_counter() - t0:.1f} s, {steps} training steps)", err=True)
+
+
+@app.command()
+def backend(
+    model: Annotated[Path, typer.Option("--model", help="Model folder to serve.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 30000,
+    weight_version: Annotated[str, typer.Option(help="Weight version reported with every answer.")] = "default",
+    max_new_tokens_limit: Annotated[
+        int | None, typer.Option(help="Cap every request's max_new_tokens (finish reason 'length').")
+    ] = None,
+) -> None:
+    """Serve a transformers model over SGLang's /generate API (CPU, or GPU when present)."""
+    if not model.is_dir():
+        fail(f"Model folder '{model}' does not exist.", "Build one with `polarproxy tiny-model ./tiny`.")
+    from polarproxy.backends.local.server import serve
+
+    def ready(bound: int) -> None:
+        typer.echo(f"polarproxy backend: serving {model} on http://{host}:{bound}", err=True)
+
+    try:
+        serve(model, host, port, weight_version=weight_version, max_new_tokens_limit=max_new_tokens_limit, ready=ready)
+    except OSError as e:
+        fail(f"Cannot listen on {host}:{port}: {e.strerror}.", "Pick another --port, or stop what is using it.")
+    except KeyboardInterrupt:
+        pass
+
+
+def _proxy_config(backend: str | None, model: Path | None, db: str | None, port: int, max_tokens: int,
+                  harness: str | None, task: str | None, group: str | None) -> Any:
+    from polarproxy.capture.runner import ProxyConfig
+
+    url, folder = _require(backend, model)
+    return ProxyConfig(backend=url, model=folder.resolve(), db=db, port=port, max_tokens_default=max_tokens,
+                       harness=harness, task=task, group_id=group, metadata={"model_dir": str(folder.resolve())})
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def record(
+    command: Annotated[list[str] | None, typer.Argument(help="The harness command, after --.")] = None,
+    backend: BackendOpt = None,
+    model: ModelOpt = None,
+    db: DbOpt = None,
+    port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 0,
+    harness: Annotated[str | None, typer.Option(help="Harness name stored with the episode.")] = None,
+    task: Annotated[str | None, typer.Option(help="Task name stored with the episode.")] = None,
+    group: Annotated[str | None, typer.Option(help="Group ID (several samples of one task).")] = None,
+    max_tokens: Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")] = 4096,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a harness command as one recorded episode; exits with the command's exit code."""
+    from polarproxy.capture.runner import record as run_record
+    from polarproxy.errors import PolarproxyError
+
+    if not command:
+        fail("No command to record.", "Put the harness command after --, e.g. polarproxy record -- python agent.py")
+    cfg = _proxy_config(backend, model, db, port, max_tokens, harness, task, group)
+    try:
+        outcome = asyncio.run(run_record(cfg, list(command)))
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+    store = _open_store(db)
+    episode = store.get_episode(outcome.episode_id)
+    calls = store.list_calls(outcome.episode_id)
+    counts: dict[str, int] = {}
+    for c in calls:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    if json_out:
+        _print_json({"episode_id": outcome.episode_id, "exit_code": outcome.exit_code, "calls": len(calls),
+                     "statuses": counts, "tokens": episode.tokens, "db": outcome.db})
+    else:
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
+        typer.echo(f"polarproxy: episode {outcome.episode_id}: {len(calls)} calls ({detail}), {episode.tokens} tokens, "
+                   f"exit {outcome.exit_code}, store {outcome.db}", err=True)
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def serve(
+    backend: BackendOpt = None,
+    model: ModelOpt = None,
+    db: DbOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Proxy port.")] = 8000,
+    max_tokens: Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")] = 4096,
+) -> None:
+    """Run the recording proxy until interrupted (episodes from the x-polarproxy-episode header or /e/ID/ paths)."""
+    from polarproxy.capture.runner import serve as run_serve
+    from polarproxy.errors import PolarproxyError
+
+    cfg = _proxy_config(backend, model, db, port, max_tokens, None, None, None)
+    cfg.host = host
+
+    def ready(url: str, episode_id: str) -> None:
+        typer.echo(f"polarproxy: recording on {url} (default episode {episode_id}); base URL {url}/v1", err=True)
+
+    try:
+        asyncio.run(run_serve(cfg, on_ready=ready))
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+
+
+@app.command("ls")
+def list_episodes(
+    db: DbOpt = None,
+    limit: Annotated[int, typer.Option(help="How many episodes, newest first.")] = 50,
+    json_out: JsonOpt = False,
+) -> None:
+    """List episodes: id, command, exit code, calls, tokens, status, time."""
+    from polarproxy.views import episode_rows, episodes_table
+
+    store = _open_store(db)
+    episodes = store.list_episodes(limit=limit)
+    if json_out:
+        _print_json(episode_rows(episodes))
+        return
+    from rich.console import Console
+
+    Console().print(episodes_table(episodes))
+
+
+@app.command()
+def show(
+    episode: Annotated[str, typer.Argument(help="Episode ID (or a unique prefix).")],
+    db: DbOpt = None,
+    tokens: Annotated[bool, typer.Option("--tokens", help="Show tokens, coloured by loss mask.")] = False,
+    model: ModelOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show an episode's calls: messages, token counts, finish reasons, errors."""
+    from polarproxy.store.errors import StoreError
+    from polarproxy.views import call_rows, render_episode
+
+    store = _open_store(db)
+    try:
+        ep = store.get_episode(episode)
+    except StoreError as e:
+        fail(str(e), "List episodes with `polarproxy ls`.")
+    calls = store.list_calls(ep.id)
+    if json_out:
+        from dataclasses import asdict
+
+        _print_json({"episode": asdict(ep), "calls": call_rows(calls, with_tokens=tokens)})
+        return
+    decode = None
+    if tokens:
+        folder = model or (Path(ep.metadata["model_dir"]) if ep.metadata.get("model_dir") else None)
+        if folder is not None and folder.is_dir():
+            from polarproxy.render.renderer import Renderer
+
+            decode = Renderer(folder).token_text
+    from rich.console import Console
+
+    render_episode(Console(), ep, calls, show_tokens=tokens, decode=decode)
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Option("--out", help="Output file.")],
+    strategy: Annotated[str, typer.Option(help="'per-request' (one row per call).")] = "per-request",
+    fmt: Annotated[str, typer.Option("--format", help="'jsonl'.")] = "jsonl",
+    episode: Annotated[list[str] | None, typer.Option("--episode", help="Only these episodes (repeatable).")] = None,
+    include_failed: Annotated[bool, typer.Option(help="Also export failed and aborted calls.")] = False,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write recorded calls as training rows."""
+    strategies = ("per-request",)
+    formats = ("jsonl",)
+    if strategy not in strategies:
+        fail(f"Unknown strategy {strategy!r}. Must be one of {', '.join(repr(s) for s in strategies)}.",
+             "prefix-merge arrives with the reconstruction work; use --strategy per-request today.")
+    if fmt not in formats:
+        fail(f"Unknown format {fmt!r}. Must be one of {', '.join(repr(f) for f in formats)}.", "Use --format jsonl.")
+    from polarproxy.export.jsonl import write_jsonl
+    from polarproxy.reconstruct.per_request import per_request
+    from polarproxy.store.errors import StoreError
+
+    store = _open_store(db)
+    try:
+        ids = [store.get_episode(e).id for e in episode] if episode else None
+    except StoreError as e:
+        fail(str(e), "List episodes with `polarproxy ls`.")
+    stats = write_jsonl(per_request(store.iter_calls(ids), include_failed=include_failed), out)
+    summary = {"out": str(out), "strategy": strategy, "format": fmt, "rows": stats.rows, "calls": stats.calls,
+               "trainable_tokens": stats.trainable_tokens, "total_tokens": stats.total_tokens}
+    if json_out:
+        _print_json(summary)
+    else:
+        typer.echo(f"wrote {stats.rows} rows ({stats.calls} calls, {stats.trainable_tokens} trainable of "
+                   f"{stats.total_tokens} tokens) to {out}", err=True)
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()

@@ -1,0 +1,50 @@
+"""The small interface every wire format implements (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from polarproxy.conversation import Completion, Conversation, StreamEvent
+
+
+class DialectError(Exception):
+    """A request the dialect cannot turn into a conversation. Sent to the harness as a provider error."""
+
+    def __init__(self, message: str, *, status: int = 400, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+
+class StreamWriter(Protocol):
+    """Builds one streamed response, chunk by chunk, in the dialect's own event format."""
+
+    def start(self) -> bytes: ...
+
+    def events(self, events: list[StreamEvent]) -> bytes: ...
+
+    def finish(self, completion: Completion) -> bytes:
+        """Everything after the last delta: finish reason, usage, terminator."""
+        ...
+
+    def error(self, message: str, code: str) -> bytes:
+        """An error event that ends the stream."""
+        ...
+
+    def keepalive(self) -> bytes: ...
+
+
+class Dialect(Protocol):
+    name: str
+    """Short name recorded with each call, e.g. 'openai_chat'."""
+
+    def parse(self, body: Any, *, path: str, query: dict[str, str]) -> Conversation:
+        """A decoded JSON request body into a conversation; raises DialectError."""
+        ...
+
+    def response(self, completion: Completion, *, response_id: str, model: str, created: int) -> bytes: ...
+
+    def stream_writer(self, conv: Conversation, *, response_id: str, model: str, created: int) -> StreamWriter: ...
+
+    def error(self, status: int, message: str, code: str) -> bytes: ...

@@ -1,0 +1,122 @@
+"""Plain records that go into and come out of the store. No SQL here: the store maps them to tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+CallStatus = Literal["in_flight", "ok", "failed", "aborted", "interrupted"]
+EpisodeStatus = Literal["running", "ok", "failed", "interrupted"]
+Fidelity = Literal["tokens", "server-rendered", "text"]
+RenderMode = Literal["fresh", "extended", "server"]
+
+
+@dataclass(slots=True)
+class EpisodeStart:
+    command: list[str]
+    harness: str | None = None
+    cwd: str | None = None
+    task: str | None = None
+    group_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CallStart:
+    """What is known when a call begins: the (redacted) request and the prompt the backend will consume."""
+
+    episode_id: str
+    dialect: str
+    method: str
+    path: str
+    model: str
+    stream: bool
+    request_headers: dict[str, str]  # already redacted (T5)
+    request_body: str  # the provider request body as text, already redacted (T5)
+    conversation: dict[str, Any] | None  # Conversation.to_dict(), None when the request did not parse
+    prompt_ids: list[int]
+    backend: str = ""
+    backend_kind: str = ""
+    fidelity: Fidelity = "tokens"
+    render_mode: RenderMode = "fresh"
+    extended_from: str | None = None  # call id whose prompt+output this prompt extends
+    render_note: str | None = None  # why the call was rendered fresh where it could have extended
+    started_at: float = 0.0
+
+
+@dataclass(slots=True)
+class CallResult:
+    """How a call ended. `status` is 'ok' only when the harness was sent the complete answer."""
+
+    status: CallStatus
+    error: str | None = None
+    http_status: int | None = None
+    response_body: str | None = None  # the provider-shaped body sent to the harness (assembled for streams)
+    completion: dict[str, Any] | None = None  # Completion.to_dict()
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    weight_version: str | None = None
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+    ended_at: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Episode:
+    id: str
+    command: list[str]
+    harness: str | None
+    cwd: str | None
+    task: str | None
+    group_id: str | None
+    reward: float | None
+    status: EpisodeStatus
+    exit_code: int | None
+    started_at: float
+    ended_at: float | None
+    metadata: dict[str, Any]
+    calls: int = 0
+    tokens: int = 0  # prompt + output tokens over all calls
+
+
+@dataclass(slots=True)
+class Call:
+    """A stored call with its full token arrays rebuilt."""
+
+    id: str
+    episode_id: str
+    seq: int
+    dialect: str
+    method: str
+    path: str
+    model: str
+    stream: bool
+    status: CallStatus
+    error: str | None
+    http_status: int | None
+    request_headers: dict[str, str]
+    request_body: str
+    response_body: str | None
+    conversation: dict[str, Any] | None
+    completion: dict[str, Any] | None
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str | None
+    weight_version: str | None
+    backend: str
+    backend_kind: str
+    fidelity: Fidelity
+    render_mode: RenderMode
+    extended_from: str | None
+    render_note: str | None
+    started_at: float
+    ended_at: float | None
+    latency_ms: float | None
+    ttft_ms: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reward: float | None = None

@@ -1,0 +1,115 @@
+"""How episodes and calls look on a terminal (rich) and in `--json` output. Used by the CLI only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from polarproxy.store.records import Call, Episode
+
+STATUS_STYLE = {"ok": "green", "running": "yellow", "in_flight": "yellow", "failed": "red", "aborted": "red",
+                "interrupted": "red"}
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
+    return [
+        {"id": e.id, "command": e.command, "exit_code": e.exit_code, "calls": e.calls, "tokens": e.tokens,
+         "status": e.status, "started_at": e.started_at, "ended_at": e.ended_at, "harness": e.harness,
+         "reward": e.reward}
+        for e in episodes
+    ]
+
+
+def episodes_table(episodes: list[Episode]) -> Table:
+    table = Table(title=f"{len(episodes)} episodes", title_justify="left")
+    for col in ("id", "command", "exit", "calls", "tokens", "status", "started"):
+        table.add_column(col, no_wrap=col != "command", justify="right" if col in ("exit", "calls", "tokens") else "left")
+    for e in episodes:
+        table.add_row(
+            e.id, " ".join(e.command), "-" if e.exit_code is None else str(e.exit_code), str(e.calls), str(e.tokens),
+            Text(e.status, style=STATUS_STYLE.get(e.status, "")), _when(e.started_at),
+        )
+    return table
+
+
+def call_rows(calls: list[Call], *, with_tokens: bool = False) -> list[dict[str, Any]]:
+    rows = []
+    for c in calls:
+        row: dict[str, Any] = {
+            "id": c.id, "seq": c.seq, "dialect": c.dialect, "path": c.path, "model": c.model, "stream": c.stream,
+            "status": c.status, "error": c.error, "http_status": c.http_status, "finish_reason": c.finish_reason,
+            "prompt_tokens": len(c.prompt_ids), "output_tokens": len(c.output_ids), "latency_ms": c.latency_ms,
+            "ttft_ms": c.ttft_ms, "weight_version": c.weight_version, "render_mode": c.render_mode,
+            "extended_from": c.extended_from, "completion": c.completion,
+        }
+        if with_tokens:
+            row.update(prompt_ids=c.prompt_ids, output_ids=c.output_ids, output_logprobs=c.output_logprobs)
+        rows.append(row)
+    return rows
+
+
+def _messages(call: Call) -> list[tuple[str, str]]:
+    out = []
+    for m in (call.conversation or {}).get("messages", []):
+        text = m.get("content") or ""
+        for t in m.get("tool_calls") or []:
+            text += f"\n→ {t['name']}({t['arguments']})"
+        out.append((m["role"], text))
+    return out
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + f"… (+{len(text) - limit} chars)"
+
+
+def render_episode(console: Console, ep: Episode, calls: list[Call], *, show_tokens: bool,
+                   decode: Callable[[int], str] | None) -> None:
+    console.print(Text.assemble(("episode ", "bold"), (ep.id, "bold cyan"), "  ",
+                                (ep.status, STATUS_STYLE.get(ep.status, "")),
+                                f"  exit {ep.exit_code}  {ep.calls} calls  {ep.tokens} tokens  {_when(ep.started_at)}"))
+    console.print(Text("$ " + " ".join(ep.command), style="dim"))
+    for c in calls:
+        head = Text.assemble(
+            (f"\n#{c.seq} ", "bold"), (c.status, STATUS_STYLE.get(c.status, "")),
+            f"  {c.method} {c.path}  {c.dialect}{' stream' if c.stream else ''}  "
+            f"prompt {len(c.prompt_ids)} + output {len(c.output_ids)} tokens  finish {c.finish_reason}  "
+            f"{(c.latency_ms or 0):.0f} ms",
+        )
+        console.print(head)
+        if c.error:
+            console.print(Text(f"  error: {c.error}", style="red"))
+        msgs = _messages(c)
+        for role, text in msgs[-3:] if len(msgs) > 3 else msgs:
+            console.print(Text.assemble((f"  {role}: ", "bold magenta"), _short(text)))
+        if len(msgs) > 3:
+            console.print(Text(f"  ({len(msgs) - 3} earlier messages)", style="dim"))
+        if c.completion:
+            comp = c.completion
+            reply = comp.get("text") or ""
+            for t in comp.get("tool_calls") or []:
+                reply += f"\n→ {t['name']}({t['arguments']})"
+            console.print(Text.assemble(("  assistant: ", "bold green"), _short(reply)))
+        if show_tokens:
+            console.print(token_text(c, decode))
+
+
+def token_text(call: Call, decode: Callable[[int], str] | None) -> Text:
+    """Prompt tokens dim (masked), sampled tokens green (trainable); IDs when there is no tokenizer."""
+    out = Text("  ")
+    alt = False
+    for ids, styles in ((call.prompt_ids, ("grey50", "grey35")), (call.output_ids, ("green", "bright_green"))):
+        for tid in ids:
+            piece = decode(tid) if decode else f"[{tid}]"
+            out.append(piece, style=styles[alt])
+            alt = not alt
+    return out

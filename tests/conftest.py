@@ -1,0 +1,71 @@
+"""Shared fixtures: the captured harness traffic in ../shared, and paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+TRAFFIC = SHARED / "fixtures" / "harness-traffic"
+
+
+def load_traffic(name: str) -> list[dict[str, Any]]:
+    """The captured requests of one harness (../shared/fixtures/harness-traffic/NAME.jsonl)."""
+    path = TRAFFIC / f"{name}.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the harness captures live in ../shared beside the checkout (CI has them)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def traffic():
+    return load_traffic
+
+
+def _tiny_cache_key() -> str:
+    """Hash of the tiny-model kit's sources: the cached model is rebuilt when they change."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted((REPO / "polarproxy" / "tiny").glob("*.py")):
+        h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_cached_tiny(train_steps: int | None) -> Path:
+    """A tiny model folder, built once per kit version under .cache/ (safe across parallel runs)."""
+    import os
+    import shutil
+    import tempfile
+
+    from polarproxy.tiny import DEFAULT_TRAIN_STEPS, build_tiny_model
+
+    steps = DEFAULT_TRAIN_STEPS if train_steps is None else train_steps
+    target = REPO / ".cache" / f"tiny-{_tiny_cache_key()}-{steps}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
+    build_tiny_model(tmp / "m", train_steps=steps)
+    try:
+        os.rename(tmp / "m", target)
+    except OSError:
+        pass  # another run got there first
+    shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The trained tiny model (it follows the example agent's script under greedy decoding)."""
+    return build_cached_tiny(None)
+
+
+@pytest.fixture(scope="session")
+def random_model_dir() -> Path:
+    """The tiny model with random weights."""
+    return build_cached_tiny(0)
