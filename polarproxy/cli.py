@@ -282,7 +282,9 @@ def export(
         ids = [store.get_episode(e).id for e in episode] if episode else None
     except StoreError as e:
         fail(str(e), "List episodes with `polarproxy ls`.")
-    stats = write_jsonl(per_request(store.iter_calls(ids), include_failed=include_failed), out)
+    episodes = {e.id: e for e in store.list_episodes(limit=None)}
+    rows = per_request(store.iter_calls(ids), episodes=episodes, include_failed=include_failed)
+    stats = write_jsonl(rows, out)
     summary = {"out": str(out), "strategy": strategy, "format": fmt, "rows": stats.rows, "calls": stats.calls,
                "trainable_tokens": stats.trainable_tokens, "total_tokens": stats.total_tokens}
     if json_out:

@@ -10,7 +10,6 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from polarproxy.store.errors import NotFoundError
 from polarproxy.store.records import CallResult, CallStart, EpisodeStart
 from polarproxy.store.store import Store
 
@@ -36,14 +35,8 @@ class StoreWriter:
     async def ensure_episode(self, episode_id: str, start: EpisodeStart) -> None:
         if episode_id in self._known_episodes:
             return
-        await self._run(self._ensure, episode_id, start)
+        await self._run(self.store.create_episode, start, episode_id=episode_id, exist_ok=True)
         self._known_episodes.add(episode_id)
-
-    def _ensure(self, episode_id: str, start: EpisodeStart) -> None:
-        try:
-            self.store.get_episode(episode_id)
-        except NotFoundError:
-            self.store.create_episode(start, episode_id=episode_id)
 
     async def begin_call(self, start: CallStart) -> tuple[str, int]:
         return await self._run(self.store.begin_call, start)

@@ -1,0 +1,41 @@
+"""Load the JSON Schemas in the top-level `schemas/` folder.
+
+The canonical files live in `schemas/` at the repository root, next to the `polarproxy` package, which is
+where they are in a source checkout and in an editable install (`pip install -e .`). A copy shipped as package
+data under `polarproxy/schemas/` is used first if one exists.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+SCHEMA_DIRS = (_PACKAGE_DIR / "schemas", _PACKAGE_DIR.parent / "schemas")
+
+
+def schema_path(name: str) -> Path:
+    """The file of schema `name` ('export-row.v1' or 'export-row.v1.json')."""
+    filename = name if name.endswith(".json") else name + ".json"
+    for folder in SCHEMA_DIRS:
+        path = folder / filename
+        if path.is_file():
+            return path
+    available = sorted({p.stem for folder in SCHEMA_DIRS if folder.is_dir() for p in folder.glob("*.json")})
+    raise FileNotFoundError(
+        f"No schema {name!r} in {' or '.join(str(d) for d in SCHEMA_DIRS)}. "
+        f"Available: {', '.join(available) or 'none (is this a source checkout or an editable install?)'}."
+    )
+
+
+@functools.cache
+def _load(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """The parsed JSON Schema `name`, e.g. load_schema('export-row.v1'). A fresh dict on every call."""
+    return orjson.loads(_load(schema_path(name)))

@@ -1,0 +1,84 @@
+"""A trajectory: one training sequence built from one or more calls, and the T4 round-trip check."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from polarproxy.store.records import Call
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One token sequence for the trainer.
+
+    `input_ids`, `loss_mask` and `logprobs` have one entry per token: mask 1 marks a token the model sampled
+    (trainable, with its sampling logprob), mask 0 a token it was shown (logprob None).
+    `messages` are OpenAI-style chat messages (role, content, reasoning_content, tool_calls, tool_call_id, name)
+    ending with the assistant's reply; `tools` OpenAI-style function tools.
+    """
+
+    episode_id: str
+    call_ids: list[str]
+    strategy: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float | None]
+    model: str
+    weight_version: str | None
+    finish_reason: str | None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None
+    group_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def assert_round_trip(traj: Trajectory, calls: Sequence[Call]) -> None:
+    """Check T4 for `traj` built from `calls` (in order); raise AssertionError saying what differs.
+
+    Holds for every strategy: each call's prompt is a prefix of `input_ids`, its sampled IDs follow it with
+    mask 1 and its logprobs (None when the call recorded none), the trainable positions are exactly those
+    output spans, and every other position has mask 0 and logprob None. The sequence ends with the last
+    call's output.
+    """
+
+    def fail(message: str) -> None:
+        raise AssertionError(
+            f"T4 violated in trajectory of {traj.call_ids} (episode {traj.episode_id}): {message}"
+        )
+
+    ids, mask, lps = traj.input_ids, traj.loss_mask, traj.logprobs
+    if not len(ids) == len(mask) == len(lps):
+        fail(f"lengths differ: input_ids {len(ids)}, loss_mask {len(mask)}, logprobs {len(lps)}")
+    if traj.call_ids != [c.id for c in calls]:
+        fail(f"call_ids {traj.call_ids} are not the calls given {[c.id for c in calls]}")
+    if any(m not in (0, 1) for m in mask):
+        fail("loss_mask holds values other than 0 and 1")
+    trainable: set[int] = set()
+    end = 0
+    for call in calls:
+        p, o = len(call.prompt_ids), len(call.output_ids)
+        if ids[:p] != call.prompt_ids:
+            fail(f"call {call.id}'s prompt ({p} tokens) is not a prefix of input_ids")
+        if ids[p : p + o] != call.output_ids:
+            fail(f"call {call.id}'s output ids are not at positions {p}..{p + o}")
+        if any(m != 1 for m in mask[p : p + o]):
+            fail(f"call {call.id}'s output tokens are not all trainable")
+        expected = call.output_logprobs if call.output_logprobs else [None] * o
+        if lps[p : p + o] != expected:
+            fail(f"call {call.id}'s logprobs differ from the recorded ones")
+        if p < end:
+            fail(f"call {call.id} starts at {p}, before the previous call's output ends at {end}")
+        trainable.update(range(p, p + o))
+        end = p + o
+    if end != len(ids):
+        fail(f"the sequence has {len(ids)} tokens but the last call's output ends at {end}")
+    for i, (m, lp) in enumerate(zip(mask, lps, strict=True)):
+        if i not in trainable and (m != 0 or lp is not None):
+            fail(f"position {i} lies outside every call's output but has mask {m}, logprob {lp}")

@@ -1,0 +1,71 @@
+"""Engines and transactions: SQLite pragmas per connection, and write transactions that take the lock first.
+
+SQLite: WAL journal, synchronous=NORMAL (a commit survives a crash of the process; only an OS crash or power
+loss can lose the last commits), a 10 s busy timeout and foreign keys, all set on every new connection.
+The driver's own transaction handling is switched off and SQLAlchemy's `begin` emits `BEGIN` for reads and
+`BEGIN IMMEDIATE` for writes, so a read-then-write transaction (allocating a call's sequence number) holds
+the write lock from its first statement, across threads and processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
+
+BUSY_TIMEOUT_S = 10.0
+_WRITE = "polarproxy_write"
+
+
+def is_sqlite_memory(url: str) -> bool:
+    u = make_url(url)
+    return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for a SQLAlchemy URL, configured as described in the module docstring."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return create_engine(u, pool_pre_ping=True)
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": BUSY_TIMEOUT_S}}
+    if is_sqlite_memory(url):
+        kwargs["poolclass"] = StaticPool  # one shared in-memory database, not one per thread
+    engine = create_engine(u, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+    return engine
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction that will write: committed (and on disk) when the block exits without error."""
+    with engine.connect() as conn:
+        conn.execution_options(**{_WRITE: True})
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def read_transaction(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction: one consistent snapshot for the block."""
+    with engine.connect() as conn, conn.begin():
+        yield conn

@@ -1,0 +1,143 @@
+"""Named, ordered schema migrations, recorded in `_migrations(name, applied_at)`.
+
+Add a migration by appending a function decorated with `@migration` and named `mNNN_what_it_does`; never
+edit or reorder one that has shipped. Each migration holds its own DDL (not the current tables in schema.py),
+so a blank database and an upgraded one end in the same state. `migrate` applies the missing ones, in order,
+in one transaction that holds the write lock, so two processes opening one new database do not race.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    select,
+    text,
+)
+
+from polarproxy.store.engine import write_transaction
+
+MIGRATIONS: list[Callable[[Connection], None]] = []
+
+
+def migration(fn: Callable[[Connection], None]) -> Callable[[Connection], None]:
+    MIGRATIONS.append(fn)
+    return fn
+
+
+_meta = MetaData()
+migrations_table = Table(
+    "_migrations",
+    _meta,
+    Column("name", String, primary_key=True),
+    Column("applied_at", String, nullable=False),
+)
+
+
+def applied_migrations(conn: Connection) -> list[str]:
+    """Names of the migrations recorded in the database, in the order they were applied."""
+    migrations_table.create(conn, checkfirst=True)
+    rows = conn.execute(select(migrations_table.c.name).order_by(migrations_table.c.applied_at))
+    return [name for (name,) in rows]
+
+
+def migrate(engine: Engine) -> list[str]:
+    """Apply the migrations the database lacks; return their names (empty when it was up to date)."""
+    applied: list[str] = []
+    with write_transaction(engine) as conn:
+        if conn.dialect.name == "postgresql":  # serialize concurrent migrators; released at commit
+            conn.execute(text("SELECT pg_advisory_xact_lock(7427031)"))
+        done = set(applied_migrations(conn))
+        for fn in MIGRATIONS:
+            if fn.__name__ in done:
+                continue
+            fn(conn)
+            conn.execute(
+                migrations_table.insert().values(
+                    name=fn.__name__, applied_at=datetime.datetime.now(datetime.UTC).isoformat()
+                )
+            )
+            applied.append(fn.__name__)
+    return applied
+
+
+@migration
+def m001_initial(conn: Connection) -> None:
+    meta = MetaData()
+    Table(
+        "episodes",
+        meta,
+        Column("id", String, primary_key=True),
+        Column("command_json", Text, nullable=False),
+        Column("harness", String),
+        Column("cwd", Text),
+        Column("task", Text),
+        Column("group_id", String),
+        Column("reward", Float),
+        Column("status", String, nullable=False),
+        Column("exit_code", Integer),
+        Column("started_at", Float, nullable=False),
+        Column("ended_at", Float),
+        Column("metadata_json", Text, nullable=False),
+        Column("next_seq", Integer, nullable=False, server_default="0"),
+        Index("ix_episodes_started_at", "started_at"),
+    )
+    Table(
+        "calls",
+        meta,
+        Column("id", String, primary_key=True),
+        Column("episode_id", String, ForeignKey("episodes.id"), nullable=False),
+        Column("seq", Integer, nullable=False),
+        Column("dialect", String, nullable=False),
+        Column("method", String, nullable=False),
+        Column("path", Text, nullable=False),
+        Column("model", Text, nullable=False),
+        Column("stream", Boolean, nullable=False),
+        Column("status", String, nullable=False),
+        Column("error", Text),
+        Column("http_status", Integer),
+        Column("request_headers_json", Text, nullable=False),
+        Column("request_body", Text, nullable=False),
+        Column("response_body", Text),
+        Column("conversation_json", Text),
+        Column("completion_json", Text),
+        Column("prompt_base_call_id", String, ForeignKey("calls.id")),
+        Column("prompt_base_len", Integer, nullable=False, server_default="0"),
+        Column("prompt_tail_ids", LargeBinary, nullable=False),
+        Column("prompt_len", Integer, nullable=False),
+        Column("output_ids", LargeBinary, nullable=False),
+        Column("output_logprobs", LargeBinary, nullable=False),
+        Column("output_len", Integer, nullable=False, server_default="0"),
+        Column("finish_reason", String),
+        Column("weight_version", String),
+        Column("backend", Text, nullable=False),
+        Column("backend_kind", String, nullable=False),
+        Column("fidelity", String, nullable=False),
+        Column("render_mode", String, nullable=False),
+        Column("extended_from", String),
+        Column("render_note", Text),
+        Column("started_at", Float, nullable=False),
+        Column("ended_at", Float),
+        Column("latency_ms", Float),
+        Column("ttft_ms", Float),
+        Column("prompt_tokens", Integer),
+        Column("completion_tokens", Integer),
+        Column("reward", Float),
+        Index("ix_calls_episode_seq", "episode_id", "seq", unique=True),
+        Index("ix_calls_status", "status"),
+    )
+    meta.create_all(conn)

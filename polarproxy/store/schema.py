@@ -1,0 +1,93 @@
+"""The current tables, as SQLAlchemy Core objects. Migrations (migrations.py) create and evolve them.
+
+Conventions:
+- times are Unix seconds (float); `*_json` columns hold JSON text;
+- token arrays are packed blobs (arrays.py); a call's prompt is stored as
+  `full_sequence(prompt_base_call_id)[:prompt_base_len] + prompt_tail_ids`, where
+  full_sequence(c) = prompt(c) + output(c). A call with no base stores its whole prompt in the tail, so a call
+  that extends an earlier one needs to store only its new tokens and storage grows linearly per episode;
+- `prompt_len` and `output_len` are the rebuilt lengths, kept so counts need no blob decoding;
+- `episodes.next_seq` hands out call sequence numbers (0, 1, 2, ...) atomically.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+episodes = Table(
+    "episodes",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("command_json", Text, nullable=False),
+    Column("harness", String),
+    Column("cwd", Text),
+    Column("task", Text),
+    Column("group_id", String),
+    Column("reward", Float),
+    Column("status", String, nullable=False),
+    Column("exit_code", Integer),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("metadata_json", Text, nullable=False),
+    Column("next_seq", Integer, nullable=False, server_default="0"),
+    Index("ix_episodes_started_at", "started_at"),
+)
+
+calls = Table(
+    "calls",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("episode_id", String, ForeignKey("episodes.id"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("dialect", String, nullable=False),
+    Column("method", String, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("stream", Boolean, nullable=False),
+    Column("status", String, nullable=False),
+    Column("error", Text),
+    Column("http_status", Integer),
+    Column("request_headers_json", Text, nullable=False),
+    Column("request_body", Text, nullable=False),
+    Column("response_body", Text),
+    Column("conversation_json", Text),
+    Column("completion_json", Text),
+    Column("prompt_base_call_id", String, ForeignKey("calls.id")),
+    Column("prompt_base_len", Integer, nullable=False, server_default="0"),
+    Column("prompt_tail_ids", LargeBinary, nullable=False),
+    Column("prompt_len", Integer, nullable=False),
+    Column("output_ids", LargeBinary, nullable=False),
+    Column("output_logprobs", LargeBinary, nullable=False),
+    Column("output_len", Integer, nullable=False, server_default="0"),
+    Column("finish_reason", String),
+    Column("weight_version", String),
+    Column("backend", Text, nullable=False),
+    Column("backend_kind", String, nullable=False),
+    Column("fidelity", String, nullable=False),
+    Column("render_mode", String, nullable=False),
+    Column("extended_from", String),
+    Column("render_note", Text),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("latency_ms", Float),
+    Column("ttft_ms", Float),
+    Column("prompt_tokens", Integer),
+    Column("completion_tokens", Integer),
+    Column("reward", Float),
+    Index("ix_calls_episode_seq", "episode_id", "seq", unique=True),
+    Index("ix_calls_status", "status"),
+)

@@ -1,0 +1,133 @@
+"""Bad input and failing parts: the harness gets a provider-shaped error, the proxy keeps serving, and the
+record says what happened."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import orjson
+
+from polarproxy.sse import SSEDecoder
+
+CHAT = "/v1/chat/completions"
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+
+
+def calls(proxy):
+    return proxy.store.list_calls(proxy.episode_id)
+
+
+def wait_for(pred, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_malformed_json_gets_a_400_and_a_failed_record_and_the_proxy_keeps_serving(make_stub, make_proxy):
+    proxy = make_proxy(make_stub().url)
+    r = httpx.post(proxy.url + CHAT, content=b"{not json", timeout=30)
+    assert r.status_code == 400
+    assert "not valid JSON" in r.json()["error"]["message"]
+    ok = httpx.post(proxy.url + CHAT, json=BODY, timeout=30)
+    assert ok.status_code == 200
+    recs = calls(proxy)
+    assert [c.status for c in recs] == ["failed", "ok"]
+    assert recs[0].http_status == 400 and "not valid JSON" in recs[0].error
+    assert recs[0].request_body == "{not json"  # the bad input is kept, so nothing is lost
+
+
+def test_invalid_request_names_the_bad_value(make_stub, make_proxy):
+    proxy = make_proxy(make_stub().url)
+    r = httpx.post(proxy.url + CHAT, json={"messages": [{"role": "wizard", "content": "x"}]}, timeout=30)
+    assert r.status_code == 400
+    assert "Unknown role 'wizard'" in r.json()["error"]["message"]
+    assert calls(proxy)[0].status == "failed"
+
+
+def test_unknown_route_gets_a_provider_shaped_404_and_no_record(make_stub, make_proxy):
+    proxy = make_proxy(make_stub().url)
+    r = httpx.post(proxy.url + "/v1/embeddings", json={}, timeout=30)
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "unknown_route"
+    assert calls(proxy) == []
+
+
+def test_backend_500_becomes_an_openai_error_and_a_failed_record(make_stub, make_proxy):
+    proxy = make_proxy(make_stub(status=500).url, check_backend=False)
+    for stream in (False, True):
+        r = httpx.post(proxy.url + CHAT, json={**BODY, "stream": stream}, timeout=30)
+        assert r.status_code == 502
+        err = r.json()["error"]
+        assert "answered 500" in err["message"] and err["code"] == "backend_error"
+    assert [(c.status, c.http_status) for c in calls(proxy)] == [("failed", 502), ("failed", 502)]
+    assert all("backend_error" in c.error for c in calls(proxy))
+
+
+def test_unreachable_backend_becomes_a_503_and_a_failed_record(make_proxy):
+    proxy = make_proxy(f"http://127.0.0.1:{free_port()}", check_backend=False)
+    r = httpx.post(proxy.url + CHAT, json=BODY, timeout=30)
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "backend_unreachable"
+    (c,) = calls(proxy)
+    assert c.status == "failed" and c.error.startswith("backend_unreachable")
+    assert c.prompt_ids, "the prompt that would have been sent is still recorded"
+
+
+def test_backend_dying_mid_stream_ends_the_stream_with_an_error_event_and_keeps_the_partial_tokens(
+    make_stub, make_proxy
+):
+    stub = make_stub("one two three four five six seven eight", die_after=3, per_token_ms=5)
+    proxy = make_proxy(stub.url)
+    with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        events = SSEDecoder().decode(r.read())
+    last = orjson.loads(events[-1].data)
+    assert "error" in last and last["error"]["code"] == "backend_disconnected"
+    (c,) = calls(proxy)
+    assert c.status == "failed" and c.error.startswith("backend_disconnected")
+    assert c.output_ids == stub.cfg.output_ids[:3]
+    assert c.output_logprobs == [stub.cfg.logprob] * 3
+    # still serving
+    stub.cfg.die_after = None
+    assert httpx.post(proxy.url + CHAT, json=BODY, timeout=30).status_code == 200
+
+
+def test_client_hanging_up_mid_stream_is_recorded_as_aborted(make_stub, make_proxy):
+    stub = make_stub(" ".join(["word"] * 200), per_token_ms=20)
+    proxy = make_proxy(stub.url)
+    with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
+        it = r.iter_raw()
+        next(it)
+        next(it)
+    assert wait_for(lambda: calls(proxy) and calls(proxy)[0].status != "in_flight")
+    (c,) = calls(proxy)
+    assert c.status == "aborted" and "disconnected" in c.error
+    assert httpx.post(proxy.url + CHAT, json=BODY, timeout=30).status_code == 200
+
+
+def test_no_secret_reaches_the_database(make_stub, make_proxy, tmp_path):
+    proxy = make_proxy(make_stub().url)
+    secret = "sk-live-SECRET-1234567890"
+    headers = {"authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
+               "api-key": secret, "cookie": f"session={secret}"}
+    r = httpx.post(proxy.url + CHAT + f"?key={secret}", json=BODY, headers=headers, timeout=30)
+    assert r.status_code == 200
+    bad = httpx.post(proxy.url + CHAT, content=b"{", headers=headers, timeout=30)
+    assert bad.status_code == 400
+    proxy.stop()
+    for f in tmp_path.glob("p0.db*"):
+        assert secret.encode() not in f.read_bytes(), f
+    (c, _) = calls(proxy)
+    assert c.request_headers["authorization"] == "<redacted>"
+    assert "SECRET" not in c.path
