@@ -3,53 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import re
-import subprocess
-import sys
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from polarproxy.capture.runner import ProxyConfig, _close, _open
 from polarproxy.capture.proxy import start_proxy
+from polarproxy.capture.runner import ProxyConfig, _close, _open
 from polarproxy.store.records import EpisodeStart
-
-
-@dataclass
-class BackendProcess:
-    proc: subprocess.Popen[str]
-    url: str
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-
-def start_backend(model_dir: Path, *extra: str) -> BackendProcess:
-    """`polarproxy backend` on a free port, as a real subprocess."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "polarproxy", "backend", "--model", str(model_dir), "--port", "0", *extra],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-    )
-    assert proc.stderr is not None
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        m = re.search(r"on (http://[\d.]+:\d+)", line)
-        if m:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
-            return BackendProcess(proc, m.group(1))
-    raise RuntimeError("backend did not start:\n" + "".join(lines))
-
-
-@pytest.fixture(scope="session")
-def backend(tiny_model_dir: Path) -> Iterator[BackendProcess]:
-    b = start_backend(tiny_model_dir, "--max-new-tokens-limit", "256")
-    yield b
-    b.kill()
 
 
 class ProxyThread:
