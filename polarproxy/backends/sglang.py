@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 
 from polarproxy.backends.base import BackendError, GenerateParams, Generation
+from polarproxy.backends.http11 import HTTPClient, HTTPError, Response
 from polarproxy.sse import SSEDecoder
 
 
@@ -62,27 +62,34 @@ def _finish(meta: dict[str, Any]) -> tuple[str | None, int | str | None, str | N
 class SGLangBackend:
     kind = "sglang"
 
-    def __init__(self, url: str, *, timeout: float = 600.0, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, url: str, *, timeout: float = 600.0) -> None:
         self.url = url.rstrip("/")
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=5.0), limits=httpx.Limits(max_keepalive_connections=64)
-        )
+        self._http = HTTPClient(self.url, read_timeout=timeout)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
+
+    async def _get(self, path: str) -> tuple[int, bytes]:
+        try:
+            r = await self._http.request("GET", path)
+            try:
+                return r.status, await r.read()
+            finally:
+                await r.close()
+        except HTTPError as e:
+            kind = "backend_unreachable" if e.connect else "backend_error"
+            raise BackendError(f"Backend {self.url} is unreachable: {e}", kind=kind, status=503) from e
 
     async def health(self) -> None:
-        try:
-            r = await self._client.get(self.url + "/health")
-        except httpx.HTTPError as e:
-            raise BackendError(f"Backend {self.url} is unreachable: {e!r}", kind="backend_unreachable") from e
-        if r.status_code != 200:
-            raise BackendError(f"Backend {self.url}/health answered {r.status_code}.", status=503)
+        status, _ = await self._get("/health")
+        if status != 200:
+            raise BackendError(f"Backend {self.url}/health answered {status}.", status=503)
 
     async def model_info(self) -> dict[str, Any]:
-        r = await self._client.get(self.url + "/model_info")
-        r.raise_for_status()
-        return r.json()
+        status, body = await self._get("/model_info")
+        if status != 200:
+            raise BackendError(f"Backend {self.url}/model_info answered {status}.", status=503)
+        return orjson.loads(body)
 
     async def generate(
         self, prompt_ids: list[int], params: GenerateParams, *, stream: bool
@@ -93,20 +100,20 @@ class SGLangBackend:
             "return_logprob": True,
             "stream": stream,
         }
-        request = self._client.build_request("POST", self.url + "/generate", content=orjson.dumps(payload),
-                                             headers={"content-type": "application/json"})
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.ConnectError as e:
-            raise BackendError(f"Backend {self.url} is unreachable: {e}", kind="backend_unreachable", status=503) from e
-        except httpx.HTTPError as e:
-            raise BackendError(f"Backend {self.url} failed: {e!r}") from e
+            response = await self._http.request("POST", "/generate", orjson.dumps(payload),
+                                                {"content-type": "application/json"})
+        except HTTPError as e:
+            if e.connect:
+                raise BackendError(f"Backend {self.url} is unreachable: {e}", kind="backend_unreachable",
+                                   status=503) from e
+            raise BackendError(f"Backend {self.url} failed: {e}") from e
         try:
-            if response.status_code != 200:
-                body = await response.aread()
-                kind = "backend_rejected" if 400 <= response.status_code < 500 else "backend_error"
+            if response.status != 200:
+                body = await response.read()
+                kind = "backend_rejected" if 400 <= response.status < 500 else "backend_error"
                 raise BackendError(
-                    f"Backend {self.url}/generate answered {response.status_code}: {_error_message(body)}",
+                    f"Backend {self.url}/generate answered {response.status}: {_error_message(body)}",
                     kind=kind,
                     status=400 if kind == "backend_rejected" else 502,
                 )
@@ -114,21 +121,20 @@ class SGLangBackend:
                 async for gen in self._read_stream(response):
                     yield gen
             else:
-                body = await response.aread()
-                yield self._update(orjson.loads(body), [], [])
-        except httpx.HTTPError as e:
+                yield self._update(orjson.loads(await response.read()), [], [])
+        except HTTPError as e:
             raise BackendError(
-                f"Backend {self.url} dropped the connection mid-answer: {e!r}", kind="backend_disconnected"
+                f"Backend {self.url} dropped the connection mid-answer: {e}", kind="backend_disconnected"
             ) from e
         finally:
-            await response.aclose()
+            await response.close()
 
-    async def _read_stream(self, response: httpx.Response) -> AsyncIterator[Generation]:
+    async def _read_stream(self, response: Response) -> AsyncIterator[Generation]:
         decoder = SSEDecoder()
         ids: list[int] = []
         lps: list[float] = []
         finished = False
-        async for chunk in response.aiter_raw():
+        async for chunk in response.iter_chunks():
             for ev in decoder.decode(chunk):
                 if ev.data == "[DONE]":
                     if not finished:

@@ -29,6 +29,9 @@ log = logging.getLogger("polarproxy.gateway")
 
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 JSON_HEADERS = {"content-type": "application/json"}
+# Prompts longer than this are tokenized in a worker thread (the tokenizer releases the GIL there), so one
+# long request does not hold up the streams of the others; short ones are cheaper inline.
+INLINE_RENDER_CHARS = 16_384
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
@@ -122,7 +125,10 @@ class Gateway:
         conv, dialect = call.conversation, call.dialect
         start = call.start
         try:
-            prompt = self.renderer.render(conv)
+            if len(start.request_body) > INLINE_RENDER_CHARS:  # the request's size bounds the prompt's
+                prompt = await asyncio.to_thread(self.renderer.render, conv)
+            else:
+                prompt = self.renderer.render(conv)
         except Exception as e:  # a template that cannot render this conversation
             msg = f"The chat template could not render this request: {e}"
             await self.record_failure(start, status="failed", error=msg, http_status=400)

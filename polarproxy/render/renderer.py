@@ -39,6 +39,19 @@ def template_tool(t: Tool) -> dict[str, Any]:
     }
 
 
+def _load_tokenizer(path: Path) -> Any:
+    """The fast tokenizer of a model folder. `PreTrainedTokenizerFast` reads tokenizer.json, the special
+    tokens and the chat template without importing torch (`AutoTokenizer` imports it: +500 MB in the proxy);
+    folders without tokenizer.json fall back to AutoTokenizer."""
+    if (path / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
 @dataclass(slots=True)
 class RenderedPrompt:
     text: str
@@ -57,9 +70,7 @@ class Renderer:
                 "(`polarproxy tiny-model ./tiny` builds one).",
             )
         try:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            self.tokenizer = _load_tokenizer(path)
         except Exception as e:  # transformers raises many types for an unreadable folder
             raise UsageError(
                 f"Cannot load a tokenizer from '{model_dir}': {e}",
@@ -98,7 +109,9 @@ class Renderer:
         return RenderedPrompt(text=text, ids=self.encode(text))
 
     def encode(self, text: str) -> list[int]:
-        return self._fast.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it tokenizes (encode does not), so a long prompt rendered in a
+        # worker thread does not stall the proxy's event loop.
+        return self._fast.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self._fast.decode(ids, skip_special_tokens=False)

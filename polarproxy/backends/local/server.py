@@ -1,0 +1,580 @@
+"""An HTTP server with SGLang 0.5's native contract over a `ModelRunner` (`polarproxy backend`).
+
+Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, ``return_logprob``,
+``stream``), ``GET /health``, ``/health_generate``, ``/model_info`` (also ``/get_model_info``),
+``/get_weight_version``, ``/get_server_info``, ``/v1/models``, and ``POST /update_weights_from_disk``,
+``/update_weight_version``, ``/pause_generation``, ``/continue_generation``, ``/flush_cache``.
+Errors have SGLang's shape ``{"error": {"message": ...}}`` with status 400.
+
+One generation runs at a time (the runner's lock); health and info stay responsive meanwhile. A
+client that disconnects stops its generation. `max_new_tokens_limit` caps every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams, SamplingParamsError
+
+log = logging.getLogger("polarproxy.backends.local")
+
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+class RequestError(ValueError):
+    """A client error answered with 400 and SGLang's error shape."""
+
+
+@dataclass
+class GenerateRequest:
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool
+    return_text_in_logprobs: bool
+    stream: bool
+    rid: str
+
+
+class IncrementalText:
+    """Cumulative output text for streaming: only complete characters, and never a tail that could
+    still become a stop string, so every emitted text is a prefix of the next and of the final text."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: list[str]) -> None:
+        self._decode = decode
+        self._stop = stop
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.text = ""
+
+    def update(self, ids: list[int]) -> str:
+        prefix = self._decode(ids[self._prefix_offset : self._read_offset])
+        new = self._decode(ids[self._prefix_offset :])
+        if len(new) > len(prefix) and not new.endswith("\ufffd"):
+            self.text += new[len(prefix) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(ids)
+        hold = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(s[:k]):
+                    hold = k
+                    break
+        return self.text[: len(self.text) - hold]
+
+
+def final_text(
+    runner: ModelRunner, output_ids: list[int], finish: dict[str, Any] | None, params: SamplingParams
+) -> str:
+    """The response text: decoded with `skip_special_tokens`, trimmed at the matched stop as SGLang does."""
+    ids = output_ids
+    matched = (finish or {}).get("matched")
+    trim = not params.no_stop_trim and matched is not None
+    if trim and isinstance(matched, int) and not isinstance(matched, bool) and ids:
+        ids = ids[:-1]
+    text = runner.decode(ids, skip_special_tokens=params.skip_special_tokens)
+    if trim and isinstance(matched, str):
+        pos = text.find(matched)
+        if pos != -1:
+            text = text[:pos]
+    return text
+
+
+class LocalBackendServer(ThreadingHTTPServer):
+    """The HTTP server; `port` is the bound port (useful with port 0)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        weight_version: str = "default",
+        max_new_tokens_limit: int | None = None,
+        served_model_name: str | None = None,
+    ) -> None:
+        if max_new_tokens_limit is not None and max_new_tokens_limit < 0:
+            raise ValueError(f"max_new_tokens_limit must be >= 0, got {max_new_tokens_limit}")
+        self.runner = runner
+        self.weight_version = weight_version
+        self.max_new_tokens_limit = max_new_tokens_limit
+        self.served_model_name = served_model_name or str(runner.model_dir)
+        self.created = int(time.time())
+        self.unpaused = threading.Event()
+        self.unpaused.set()
+        super().__init__((host, port), _Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self.server_address[0]
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": str(self.runner.model_dir),
+            "tokenizer_path": str(self.runner.model_dir),
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+            "served_model_name": self.served_model_name,
+            "context_length": self.runner.context_length,
+        }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: LocalBackendServer
+    server_version = "polarproxy-local"
+
+    # -- plumbing --------------------------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, status: int, obj: Any) -> None:
+        self._send(status, orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS))
+
+    def _send_error(self, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
+        self._send_json(status, {"error": {"message": message}})
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            parts = []
+            total = 0
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(parts)
+                total += size
+                if total > MAX_BODY_BYTES:
+                    raise RequestError("Request body too large.")
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            raise RequestError("Request body too large.")
+        return self.rfile.read(length) if length else b""
+
+    def _client_gone(self) -> bool:
+        """True once the peer has closed its side of the connection."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _should_stop(self) -> bool:
+        while not self.server.unpaused.wait(0.05):
+            if self._client_gone():
+                return True
+        return self._client_gone()
+
+    # -- routing ---------------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        srv = self.server
+        if path == "/health":
+            self._send(200, b"", "text/plain")
+        elif path == "/health_generate":
+            self._health_generate()
+        elif path in ("/model_info", "/get_model_info"):
+            self._send_json(200, srv.model_info())
+        elif path == "/get_weight_version":
+            self._send_json(200, {"weight_version": srv.weight_version})
+        elif path == "/get_server_info":
+            self._send_json(
+                200,
+                {
+                    **srv.model_info(),
+                    "max_new_tokens_limit": srv.max_new_tokens_limit,
+                    "prefill_chunk": srv.runner.prefill_chunk,
+                    "device": str(srv.runner.device),
+                    "backend": "polarproxy-local",
+                },
+            )
+        elif path == "/v1/models":
+            self._send_json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": srv.served_model_name,
+                            "object": "model",
+                            "created": srv.created,
+                            "owned_by": "polarproxy",
+                            "root": srv.served_model_name,
+                            "max_model_len": srv.runner.context_length,
+                        }
+                    ],
+                },
+            )
+        elif path == "/flush_cache":
+            self._send(200, b"Cache flushed.\n", "text/plain")
+        else:
+            self._send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            body = self._read_body()
+        except (RequestError, ValueError) as e:
+            self.close_connection = True
+            self._send_error(str(e))
+            return
+        handlers = {
+            "/generate": self._generate,
+            "/update_weights_from_disk": self._update_weights_from_disk,
+            "/update_weight_version": self._update_weight_version,
+            "/pause_generation": self._pause,
+            "/continue_generation": self._continue,
+            "/flush_cache": lambda _body: self._send(200, b"Cache flushed.\n", "text/plain"),
+        }
+        handler = handlers.get(path)
+        if handler is None:
+            self._send_json(404, {"detail": "Not Found"})
+            return
+        try:
+            handler(body)
+        except RequestError as e:
+            self._send_error(str(e))
+
+    do_PUT = do_POST
+
+    # -- admin endpoints -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _json_object(body: bytes) -> dict[str, Any]:
+        try:
+            obj = orjson.loads(body) if body.strip() else {}
+        except orjson.JSONDecodeError as e:
+            raise RequestError(f"Invalid JSON in request body: {e}") from None
+        if not isinstance(obj, dict):
+            raise RequestError(f"The request body must be a JSON object, got {type(obj).__name__}.")
+        return obj
+
+    def _health_generate(self) -> None:
+        runner = self.server.runner
+        if runner.busy:  # a running generation proves health (as in SGLang)
+            self._send(200, b"", "text/plain")
+            return
+        try:
+            gen = runner.generate([0], SamplingParams(max_new_tokens=1, temperature=0.0))
+            try:
+                for _ in gen:
+                    pass
+            finally:
+                gen.close()
+        except Exception as e:
+            log.exception("health_generate failed")
+            self._send(503, str(e).encode(), "text/plain")
+            return
+        self._send(200, b"", "text/plain")
+
+    def _update_weights_from_disk(self, body: bytes) -> None:
+        obj = self._json_object(body)
+        path = obj.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise RequestError("model_path must be a non-empty string.")
+        try:
+            self.server.runner.reload_weights(Path(path))
+        except Exception as e:
+            self._send_json(
+                400, {"success": False, "message": f"Failed to update weights: {e}", "num_paused_requests": 0}
+            )
+            return
+        message = "Succeeded to update model weights."
+        if isinstance(obj.get("weight_version"), str):
+            self.server.weight_version = obj["weight_version"]
+            message += f" Weight version updated to {obj['weight_version']}."
+        self._send_json(200, {"success": True, "message": message, "num_paused_requests": 0})
+
+    def _update_weight_version(self, body: bytes) -> None:
+        obj = self._json_object(body)
+        version = obj.get("new_version")
+        if not isinstance(version, str):
+            raise RequestError("new_version must be a string.")
+        self.server.weight_version = version
+        self._send_json(
+            200, {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+        )
+
+    def _pause(self, body: bytes) -> None:
+        self.server.unpaused.clear()
+        self._send_json(200, {"message": "Generation paused successfully."})
+
+    def _continue(self, body: bytes) -> None:
+        self.server.unpaused.set()
+        self._send_json(200, {"message": "Generation continued successfully."})
+
+    # -- /generate -------------------------------------------------------------------------------------
+
+    def _parse_generate(self, body: bytes) -> GenerateRequest:
+        obj = self._json_object(body)
+        runner = self.server.runner
+        text, input_ids = obj.get("text"), obj.get("input_ids")
+        if (text is None) == (input_ids is None):
+            raise RequestError("Either text or input_ids should be provided.")
+        if text is not None:
+            if not isinstance(text, str):
+                raise RequestError("Batched requests are not supported by the local backend: give one text.")
+            ids = runner.encode(text)
+        else:
+            if not isinstance(input_ids, list) or (input_ids and isinstance(input_ids[0], list)):
+                raise RequestError(
+                    "input_ids must be a list of token IDs; batched requests are not supported by the local backend."
+                )
+            ids = input_ids
+        try:
+            params = SamplingParams.from_dict(obj.get("sampling_params"))
+            runner.check_prompt(ids)
+        except (SamplingParamsError, ValueError) as e:
+            raise RequestError(str(e)) from None
+        limit = self.server.max_new_tokens_limit
+        if limit is not None and params.max_new_tokens > limit:
+            params.max_new_tokens = limit
+            params.min_new_tokens = min(params.min_new_tokens, limit)
+        rid = obj.get("rid")
+        return GenerateRequest(
+            input_ids=list(ids),
+            params=params,
+            return_logprob=bool(obj.get("return_logprob") or False),
+            return_text_in_logprobs=bool(obj.get("return_text_in_logprobs") or False),
+            stream=bool(obj.get("stream") or False),
+            rid=rid if isinstance(rid, str) and rid else uuid.uuid4().hex,
+        )
+
+    def _generate(self, body: bytes) -> None:
+        req = self._parse_generate(body)
+        started = time.monotonic()
+        gen = self.server.runner.generate(req.input_ids, req.params, should_stop=self._should_stop)
+        try:
+            if req.stream:
+                self._generate_stream(req, gen, started)
+            else:
+                self._generate_once(req, gen, started)
+        finally:
+            gen.close()
+
+    def _payload(
+        self,
+        req: GenerateRequest,
+        text: str,
+        output_ids: list[int],
+        logprobs: list[float],
+        finish: dict[str, Any] | None,
+        started: float,
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(req.input_ids),
+            "weight_version": self.server.weight_version,
+            "completion_tokens": len(output_ids),
+            "cached_tokens": 0,
+            "e2e_latency": round(time.monotonic() - started, 6),
+        }
+        if req.return_logprob:
+            runner = self.server.runner
+            meta["output_token_logprobs"] = [
+                [
+                    lp,
+                    tid,
+                    runner.decode([tid], skip_special_tokens=False) if req.return_text_in_logprobs else None,
+                ]
+                for lp, tid in zip(logprobs, output_ids, strict=True)
+            ]
+        return {"text": text, "output_ids": list(output_ids), "meta_info": meta}
+
+    def _generate_once(self, req: GenerateRequest, gen: Iterator[GenStep], started: float) -> None:
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        finish: dict[str, Any] | None = None
+        for step in gen:
+            output_ids.append(step.token_id)
+            logprobs.append(step.logprob)
+            finish = step.finish_reason
+        if req.params.max_new_tokens == 0:
+            finish = {"type": "length", "length": 0}
+        if finish is None:  # stopped because the client went away
+            self.close_connection = True
+            log.info("generation %s aborted after %d tokens: client disconnected", req.rid, len(output_ids))
+            return
+        text = final_text(self.server.runner, output_ids, finish, req.params)
+        self._send_json(200, self._payload(req, text, output_ids, logprobs, finish, started))
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _generate_stream(self, req: GenerateRequest, gen: Iterator[GenStep], started: float) -> None:
+        runner = self.server.runner
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        detok = IncrementalText(
+            lambda ids: runner.decode(ids, skip_special_tokens=req.params.skip_special_tokens),
+            req.params.stop,
+        )
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        finish: dict[str, Any] | None = None
+        try:
+            try:
+                for step in gen:
+                    output_ids.append(step.token_id)
+                    logprobs.append(step.logprob)
+                    finish = step.finish_reason
+                    if finish is None:
+                        text = detok.update(output_ids)
+                    else:
+                        text = final_text(runner, output_ids, finish, req.params)
+                    event = self._payload(req, text, output_ids, logprobs, finish, started)
+                    self._write_chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+                if req.params.max_new_tokens == 0:
+                    finish = {"type": "length", "length": 0}
+                    event = self._payload(req, "", [], [], finish, started)
+                    self._write_chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+            except ValueError as e:  # as SGLang: an error event, then [DONE]
+                log.error("generation %s failed: %s", req.rid, e)
+                self._write_chunk(b"data: " + orjson.dumps({"error": {"message": str(e)}}) + b"\n\n")
+            if finish is None and req.params.max_new_tokens != 0 and self._client_gone():
+                raise ConnectionResetError("client disconnected")
+            self._write_chunk(b"data: [DONE]\n\n")
+            self._write_chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            self.close_connection = True
+            log.info("stream %s aborted after %d tokens: client disconnected", req.rid, len(output_ids))
+
+
+class LocalServer:
+    """A `LocalBackendServer` on a background thread, for tests and embedding:
+
+        with LocalServer(model_dir) as srv:
+            httpx.post(f"{srv.url}/generate", json=...)
+
+    Pass a `ModelRunner` instead of a folder to reuse a loaded model.
+    """
+
+    def __init__(
+        self,
+        model: ModelRunner | Path | str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        weight_version: str = "default",
+        max_new_tokens_limit: int | None = None,
+        served_model_name: str | None = None,
+    ) -> None:
+        runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
+        self.httpd = LocalBackendServer(
+            runner,
+            host,
+            port,
+            weight_version=weight_version,
+            max_new_tokens_limit=max_new_tokens_limit,
+            served_model_name=served_model_name,
+        )
+        self._thread: threading.Thread | None = None
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self.httpd.runner
+
+    @property
+    def port(self) -> int:
+        return self.httpd.port
+
+    @property
+    def url(self) -> str:
+        return self.httpd.url
+
+    def start(self) -> LocalServer:
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="polarproxy-local",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.unpaused.set()
+        if self._thread is not None:
+            self.httpd.shutdown()
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.httpd.server_close()
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(
+    model_dir: Path,
+    host: str,
+    port: int,
+    *,
+    weight_version: str = "default",
+    max_new_tokens_limit: int | None = None,
+    ready: Callable[[int], None] | None = None,
+    served_model_name: str | None = None,
+    device: str | None = None,
+) -> None:
+    """Load the model in `model_dir` and serve until interrupted; `ready(port)` once listening
+    (port 0 picks a free port)."""
+    runner = ModelRunner(model_dir, device=device)
+    httpd = LocalBackendServer(
+        runner,
+        host,
+        port,
+        weight_version=weight_version,
+        max_new_tokens_limit=max_new_tokens_limit,
+        served_model_name=served_model_name,
+    )
+    try:
+        if ready is not None:
+            ready(httpd.port)
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
