@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from polarproxy.backends.base import Backend, BackendError, GenerateParams, Generation
-from polarproxy.conversation import Completion, Conversation, Usage
-from polarproxy.dialects.base import Dialect
+from polarproxy.conversation import Completion, Conversation, FinishReason, Usage
+from polarproxy.dialects.base import Dialect, StreamWriter
 from polarproxy.render.detokenize import IncrementalDetokenizer
 from polarproxy.render.output_parser import OutputParser
 from polarproxy.render.renderer import Renderer
@@ -55,6 +55,10 @@ class Sink(Protocol):
     async def send(self, data: bytes) -> None: ...
 
     async def end(self) -> None: ...
+
+    def send_nowait(self, data: bytes) -> None:
+        """Queue bytes without waiting for the peer (keep-alives from a timer)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -121,7 +125,7 @@ class Gateway:
     # -- serving --------------------------------------------------------------------------------
 
     async def serve(self, call: PendingCall, sink: Sink) -> None:
-        """Serve `call` into `sink`. Never raises for backend or client failures: they are recorded."""
+        """Serve `call` into `sink`. Never raises for backend, store or client failures: they are recorded."""
         conv, dialect = call.conversation, call.dialect
         start = call.start
         try:
@@ -137,14 +141,10 @@ class Gateway:
         start.prompt_ids = prompt.ids
         start.backend = self.backend.url
         start.backend_kind = self.backend.kind
-        try:
-            call_id, _seq = await self.store.begin_call(start)
-        except Exception as e:
-            log.error("store write failed: %s", e)
-            msg = f"polarproxy cannot write to its store, so it will not serve unrecorded calls: {e}"
-            await respond(sink, 503, JSON_HEADERS, dialect.error(503, msg, "store_unavailable"))
-            return
-        run = _CallRun(self, call, call_id, prompt.ids, sink)
+        # The in-flight record is written while the backend works; it must be on disk before the first byte
+        # goes to the harness, and the finished record before the last (T6).
+        begin = asyncio.ensure_future(self.store.begin_call(start))
+        run = _CallRun(self, call, begin, prompt.ids, sink)
         try:
             if conv.stream:
                 await run.stream()
@@ -155,8 +155,10 @@ class Gateway:
             raise
         except ClientGone:
             await run.record_abort("aborted: the harness disconnected before the answer was complete")
+        except StoreUnavailable as e:
+            await run.store_failed(e)
         except Exception as e:  # a bug must still answer the harness and leave a record
-            log.exception("internal error while serving call %s", call_id)
+            log.exception("internal error while serving a call")
             await run.internal_error(e)
 
     async def record_failure(self, start: CallStart, *, status: str, error: str, http_status: int) -> None:
@@ -170,41 +172,51 @@ class Gateway:
             log.error("store write failed while recording a failed call: %s", e)
 
 
+class StoreUnavailable(Exception):
+    """The store could not be written: the call is not served further (nothing goes out unrecorded)."""
+
+
 class _CallRun:
     """The state of one call being served."""
 
-    def __init__(self, gw: Gateway, call: PendingCall, call_id: str, prompt_ids: list[int], sink: Sink) -> None:
+    def __init__(self, gw: Gateway, call: PendingCall, begin: asyncio.Future[tuple[str, int]],
+                 prompt_ids: list[int], sink: Sink) -> None:
         self.gw = gw
         self.call = call
-        self.call_id = call_id
+        self.begin = begin
         self.prompt_ids = prompt_ids
         self.sink = sink
         self.dialect = call.dialect
-        self.response_id = "chatcmpl-" + call_id.removeprefix("call_")
+        self.response_id = "chatcmpl-" + random_id(24)
         self.created = int(time.time())
         self.model = call.conversation.model or self.gw.renderer.model_dir.name
         self.gen: Generation | None = None
         self.first_token_at: float | None = None
         self.finished = False
-        self.started = False
+        self.started = False  # response head sent
         self.body_parts: list[bytes] = []
+        self._writer: StreamWriter | None = None
+        self._last_send = 0.0
+        self._keepalive: asyncio.TimerHandle | None = None
 
-    def _latency(self) -> tuple[float, float | None]:
-        now = time.perf_counter()
-        latency = (now - self.call.received) * 1000
-        ttft = (self.first_token_at - self.call.received) * 1000 if self.first_token_at else None
-        return latency, ttft
+    # -- the record -----------------------------------------------------------------------------
+
+    async def call_id(self) -> str:
+        try:
+            return (await self.begin)[0]
+        except Exception as e:
+            raise StoreUnavailable(str(e)) from e
 
     def _result(self, status: str, **kw: object) -> CallResult:
         gen = self.gen
-        latency, ttft = self._latency()
+        now = time.perf_counter()
         return CallResult(
             status=status,  # type: ignore[arg-type]
             output_ids=list(gen.output_ids) if gen else [],
             output_logprobs=list(gen.logprobs) if gen else [],
             weight_version=gen.weight_version if gen else None,
-            latency_ms=latency,
-            ttft_ms=ttft,
+            latency_ms=(now - self.call.received) * 1000,
+            ttft_ms=(self.first_token_at - self.call.received) * 1000 if self.first_token_at else None,
             ended_at=time.time(),
             prompt_tokens=len(self.prompt_ids),
             completion_tokens=len(gen.output_ids) if gen else 0,
@@ -212,15 +224,30 @@ class _CallRun:
         )
 
     async def _finish(self, result: CallResult) -> None:
+        call_id = await self.call_id()
+        try:
+            await self.gw.store.finish_call(call_id, result)
+        except Exception as e:
+            raise StoreUnavailable(str(e)) from e
         self.finished = True
-        await self.gw.store.finish_call(self.call_id, result)
 
     async def record_abort(self, reason: str) -> None:
+        self._stop_keepalive()
         if not self.finished:
             try:
                 await self._finish(self._result("aborted", error=reason, http_status=499))
             except Exception as e:
                 log.error("store write failed while recording an aborted call: %s", e)
+
+    # -- the response ---------------------------------------------------------------------------
+
+    async def _head(self, status: int, headers: dict[str, str]) -> None:
+        await self.call_id()  # nothing reaches the harness before its call is on disk
+        try:
+            await self.sink.head(status, headers)
+        except (ConnectionError, OSError) as e:
+            raise ClientGone(str(e)) from e
+        self.started = True
 
     async def _send(self, data: bytes) -> None:
         if not data:
@@ -230,53 +257,94 @@ class _CallRun:
             await self.sink.send(data)
         except (ConnectionError, OSError) as e:
             raise ClientGone(str(e)) from e
+        self._last_send = time.monotonic()
 
-    async def _backend_failed(self, e: BackendError, started: bool) -> None:
-        msg = e.message
-        if started:
-            partial = self.gw_stream_error(msg, e.kind)
-            await self._finish(self._result("failed", error=f"{e.kind}: {msg}", http_status=200,
-                                            response_body=b"".join(self.body_parts + [partial]).decode()))
-            await self._send(partial)
+    async def _end(self) -> None:
+        self._stop_keepalive()
+        try:
+            await self.sink.end()
+        except (ConnectionError, OSError) as e:
+            raise ClientGone(str(e)) from e
+
+    async def _respond(self, status: int, body: bytes) -> None:
+        await self._head(status, {**JSON_HEADERS, "content-length": str(len(body))})
+        await self._send(body)
+        await self._end()
+
+    async def _error_out(self, status: int, msg: str, code: str) -> bytes:
+        """End the response with an error: an error event mid-stream, else a provider error body."""
+        if self.started and self._writer is not None:
+            event = self._writer.error(msg, code)
+            await self._send(event)
             await self._end()
-        else:
-            status = e.status if e.status >= 400 else 502
-            body = self.dialect.error(status, msg, e.kind)
-            await self._finish(self._result("failed", error=f"{e.kind}: {msg}", http_status=status,
-                                            response_body=body.decode()))
-            await self._respond(status, JSON_HEADERS, body)
+            return event
+        body = self.dialect.error(status, msg, code)
+        await self._respond(status, body)
+        return body
 
-    def gw_stream_error(self, msg: str, kind: str) -> bytes:
-        return self._writer.error(msg, kind)
+    def _arm_keepalive(self) -> None:
+        interval = self.gw.options.keepalive_s
+        self._keepalive = asyncio.get_running_loop().call_later(interval, self._tick_keepalive)
+
+    def _tick_keepalive(self) -> None:
+        """A comment line when nothing was sent for a while, so clients and middleboxes keep the stream."""
+        if self._writer is not None and time.monotonic() - self._last_send >= self.gw.options.keepalive_s * 0.9:
+            try:
+                self.sink.send_nowait(self._writer.keepalive())
+            except (ConnectionError, OSError):
+                return
+            self._last_send = time.monotonic()
+        self._arm_keepalive()
+
+    def _stop_keepalive(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+
+    # -- failures -------------------------------------------------------------------------------
+
+    async def _backend_failed(self, e: BackendError) -> None:
+        status = e.status if e.status >= 400 else 502
+        was_streaming = self.started
+        body = self.dialect.error(status, e.message, e.kind)
+        if was_streaming:
+            assert self._writer is not None
+            body = b"".join([*self.body_parts, self._writer.error(e.message, e.kind)])
+        await self._finish(self._result("failed", error=f"{e.kind}: {e.message}",
+                                        http_status=200 if was_streaming else status, response_body=body.decode()))
+        await self._error_out(status, e.message, e.kind)
+
+    async def store_failed(self, e: StoreUnavailable) -> None:
+        self._stop_keepalive()
+        log.error("store write failed: %s", e)
+        msg = f"polarproxy cannot write to its store, so it will not serve unrecorded calls: {e}"
+        with contextlib.suppress(ClientGone, StoreUnavailable):
+            # the head is not sent without a record, so go straight to the sink
+            if self.started and self._writer is not None:
+                await self._send(self._writer.error(msg, "store_unavailable"))
+                await self._end()
+            else:
+                await respond(self.sink, 503, JSON_HEADERS, self.dialect.error(503, msg, "store_unavailable"))
 
     async def internal_error(self, e: Exception) -> None:
+        self._stop_keepalive()
         if self.finished:
             return
         msg = f"polarproxy internal error: {e!r}"
         with contextlib.suppress(Exception):
             await self._finish(self._result("failed", error=msg, http_status=500))
         with contextlib.suppress(Exception):
-            if self.started:
-                await self._send(self._writer.error(msg, "internal_error"))
-                await self._end()
-            else:
-                await self._respond(500, JSON_HEADERS, self.dialect.error(500, msg, "internal_error"))
+            await self._error_out(500, msg, "internal_error")
 
-    async def _end(self) -> None:
-        try:
-            await self.sink.end()
-        except (ConnectionError, OSError) as e:
-            raise ClientGone(str(e)) from e
-
-    async def _respond(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        try:
-            await respond(self.sink, status, headers, body)
-        except (ConnectionError, OSError) as e:
-            raise ClientGone(str(e)) from e
+    # -- the two ways of answering --------------------------------------------------------------
 
     def _usage(self) -> Usage:
         gen = self.gen
         return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(gen.output_ids) if gen else 0)
+
+    def _ok_result(self, completion: Completion, body: bytes) -> CallResult:
+        return self._result("ok", http_status=200, response_body=body.decode(), completion=completion.to_dict(),
+                            finish_reason=completion.finish_reason)
 
     async def complete(self) -> None:
         gw = self.gw
@@ -285,7 +353,7 @@ class _CallRun:
             async for gen in gw.backend.generate(self.prompt_ids, params, stream=False):
                 self.gen = gen
         except BackendError as e:
-            await self._backend_failed(e, started=False)
+            await self._backend_failed(e)
             return
         gen = self.gen
         assert gen is not None and gen.finish_reason is not None
@@ -298,84 +366,47 @@ class _CallRun:
         _, completion = parser.finish(_finish_reason(gen), self._usage())
         body = self.dialect.response(completion, response_id=self.response_id, model=self.model, created=self.created)
         await self._finish(self._ok_result(completion, body))
-        await self._respond(200, JSON_HEADERS, body)
-
-    def _ok_result(self, completion: Completion, body: bytes) -> CallResult:
-        gen = self.gen
-        assert gen is not None
-        return self._result(
-            "ok",
-            http_status=200,
-            response_body=body.decode(),
-            completion=completion.to_dict(),
-            finish_reason=completion.finish_reason,
-        )
+        await self._respond(200, body)
 
     async def stream(self) -> None:
         gw = self.gw
         conv = self.call.conversation
         params = gw.params(conv)
-        self._writer = self.dialect.stream_writer(
+        writer = self._writer = self.dialect.stream_writer(
             conv, response_id=self.response_id, model=self.model, created=self.created
         )
         detok = IncrementalDetokenizer(gw.renderer.decode)
         trimmer = StopTrimmer(params.stop)
         parser = OutputParser(new_call_id=new_tool_call_id)
-        started = False
-        keepalive: asyncio.Task[None] | None = None
-        self._last_send = time.monotonic()
         try:
             async for gen in gw.backend.generate(self.prompt_ids, params, stream=True):
                 self.gen = gen
-                if not started:
+                if not self.started:
                     self.first_token_at = time.perf_counter()
-                    try:
-                        await self.sink.head(200, SSE_HEADERS)
-                    except (ConnectionError, OSError) as e:
-                        raise ClientGone(str(e)) from e
-                    started = self.started = True
-                    await self._send(self._writer.start())
-                    keepalive = asyncio.create_task(self._keepalive())
+                    await self._head(200, SSE_HEADERS)
+                    await self._send(writer.start())
+                    self._arm_keepalive()
                 text = detok.push(gw._text_ids(gen, gen.new_ids))
                 if gen.finish_reason is not None:
                     text += detok.flush()
                     text = trimmer.push(text) + trimmer.finish(gen.matched_stop)
                 else:
                     text = trimmer.push(text)
-                if text:
-                    events = parser.feed(text)
-                    if events:
-                        await self._send(self._writer.events(events))
-                        self._last_send = time.monotonic()
+                if text and (events := parser.feed(text)):
+                    await self._send(writer.events(events))
         except BackendError as e:
-            if keepalive:
-                keepalive.cancel()
-            await self._backend_failed(e, started)
+            self._stop_keepalive()
+            await self._backend_failed(e)
             return
-        finally:
-            if keepalive:
-                keepalive.cancel()
+        self._stop_keepalive()
         gen = self.gen
         assert gen is not None and gen.finish_reason is not None
         events, completion = parser.finish(_finish_reason(gen), self._usage())
-        tail = self._writer.events(events) + self._writer.finish(completion)
-        body = b"".join(self.body_parts) + tail
-        await self._finish(self._ok_result(completion, body))  # T6: on disk before the last bytes go out
+        tail = writer.events(events) + writer.finish(completion)
+        await self._finish(self._ok_result(completion, b"".join([*self.body_parts, tail])))  # T6: on disk first
         await self._send(tail)
         await self._end()
 
-    async def _keepalive(self) -> None:
-        interval = self.gw.options.keepalive_s
-        while True:
-            await asyncio.sleep(interval)
-            if time.monotonic() - self._last_send >= interval:
-                try:
-                    await self.sink.send(self._writer.keepalive())
-                except (ConnectionError, OSError):
-                    return
-                self._last_send = time.monotonic()
 
-
-def _finish_reason(gen: Generation) -> str:
-    return {"stop": "stop", "length": "length"}.get(gen.finish_reason or "", "stop")
-
+def _finish_reason(gen: Generation) -> FinishReason:
+    return "length" if gen.finish_reason == "length" else "stop"

@@ -37,16 +37,18 @@ class ChunkedSink(Sink):
             lines.append("transfer-encoding: chunked")
         self._w.write(("\r\n".join(lines) + "\r\n\r\n").encode())
 
-    async def send(self, data: bytes) -> None:
-        if not data:
-            return
+    def send_nowait(self, data: bytes) -> None:
         if self._w.is_closing():
             raise ConnectionResetError("the proxy closed the connection")
         if self._chunked:
             self._w.write(b"%x\r\n%s\r\n" % (len(data), data))
         else:
             self._w.write(data)
-        await self._w.drain()
+
+    async def send(self, data: bytes) -> None:
+        if data:
+            self.send_nowait(data)
+            await self._w.drain()
 
     async def end(self) -> None:
         if self._chunked:
@@ -62,6 +64,7 @@ class Responder:
         self._serve_call = serve_call
         self.pending: dict[str, PendingCall] = {}
         self.running: dict[str, asyncio.Task[None]] = {}
+        self._connections: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -77,8 +80,10 @@ class Responder:
             await asyncio.gather(*self.running.values(), return_exceptions=True)
         if self._server is not None:
             self._server.close()
+            for w in list(self._connections):  # idle keep-alive connections would hold wait_closed() forever
+                w.close()
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+                await asyncio.wait_for(self._server.wait_closed(), 5)
 
     def park(self, call: PendingCall) -> str:
         self.pending[call.flow_id] = call
@@ -92,11 +97,12 @@ class Responder:
             task.cancel()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
         try:
             while True:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
                 lines = head.decode("latin-1").split("\r\n")
                 parts = lines[0].split(" ")
@@ -115,14 +121,13 @@ class Responder:
                     await sink.head(404, {"content-length": "0"})
                     await sink.end()
                     continue
-                task = asyncio.create_task(self._serve_call(call, sink))
+                # Served inline on this connection's task: `abort` cancels it, which also ends the
+                # connection (a cancelled answer cannot be followed by another on it).
+                task = asyncio.current_task()
+                assert task is not None
                 self.running[flow_id] = task
                 try:
-                    await task
-                except asyncio.CancelledError:
-                    if not task.cancelled():
-                        raise
-                    return  # aborted: the connection cannot carry another response
+                    await self._serve_call(call, sink)
                 except Exception:
                     log.exception("serving call %s failed", flow_id)
                     return
@@ -130,5 +135,8 @@ class Responder:
                     self.running.pop(flow_id, None)
                 if not sink.ended:
                     return
+        except asyncio.CancelledError:
+            return
         finally:
+            self._connections.discard(writer)
             writer.close()

@@ -58,6 +58,7 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 0
     max_tokens_default: int = 4096
+    keepalive_s: float = 15.0
     harness: str | None = None
     task: str | None = None
     group_id: str | None = None
@@ -100,7 +101,8 @@ async def _open(cfg: ProxyConfig) -> _Stack:
         ) from e
     writer = StoreWriter(store)
     gateway = Gateway(renderer=renderer, backend=backend, store=writer,
-                      options=GatewayOptions(max_tokens_default=cfg.max_tokens_default))
+                      options=GatewayOptions(max_tokens_default=cfg.max_tokens_default,
+                                            keepalive_s=cfg.keepalive_s))
     return _Stack(store=store, writer=writer, gateway=gateway, renderer=renderer)
 
 

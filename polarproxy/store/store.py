@@ -208,6 +208,7 @@ class Store:
         self._lock: AbstractContextManager[Any] = (
             threading.RLock() if is_sqlite_memory(url) else nullcontext()
         )
+        self._local = threading.local()  # the open batch transaction of this thread, if any
 
     # ---- opening -------------------------------------------------------------------------------------
 
@@ -271,7 +272,27 @@ class Store:
         self.close()
 
     @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Run this thread's writes inside one transaction, committed once when the block exits.
+
+        Group commit for the proxy's writer thread: under load one commit covers many calls. If any write
+        in the block fails, the whole block is rolled back and the error propagates."""
+        if getattr(self._local, "conn", None) is not None:
+            yield
+            return
+        with self._write() as conn:
+            self._local.conn = conn
+            try:
+                yield
+            finally:
+                self._local.conn = None
+
+    @contextmanager
     def _write(self) -> Iterator[Connection]:
+        batch = getattr(self._local, "conn", None)
+        if batch is not None:
+            yield batch
+            return
         try:
             with self._lock, write_transaction(self.engine) as conn:
                 yield conn

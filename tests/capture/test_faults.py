@@ -131,3 +131,30 @@ def test_no_secret_reaches_the_database(make_stub, make_proxy, tmp_path):
     (c, _) = calls(proxy)
     assert c.request_headers["authorization"] == "<redacted>"
     assert "SECRET" not in c.path
+
+
+def test_a_slow_model_gets_keepalive_comments_between_tokens(make_stub, make_proxy):
+    stub = make_stub("slow words here", per_token_ms=250)
+    proxy = make_proxy(stub.url, keepalive_s=0.05)
+    with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
+        raw = r.read()
+    assert raw.count(b": keep-alive\n\n") >= 3
+    events = SSEDecoder().decode(raw)
+    assert events[-1].data == "[DONE]"  # comments are invisible to SSE clients
+    (c,) = calls(proxy)
+    assert c.status == "ok"
+
+
+def test_an_unwritable_store_refuses_to_serve_and_says_why(make_stub, make_proxy, tmp_path):
+    import sqlite3
+
+    proxy = make_proxy(make_stub().url)
+    assert httpx.post(proxy.url + CHAT, json=BODY, timeout=30).status_code == 200
+    db = sqlite3.connect(tmp_path / "p0.db")
+    db.execute("DROP TABLE calls")  # the store breaks under the running proxy
+    db.commit()
+    db.close()
+    for stream in (False, True):
+        r = httpx.post(proxy.url + CHAT, json={**BODY, "stream": stream}, timeout=30)
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "store_unavailable"
