@@ -29,8 +29,11 @@ def step(msg: str) -> None:
 
 
 def start_backend() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([*CLI, "backend", "--model", str(TINY), "--port", "0", "--max-new-tokens-limit", "256"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "backend", "--model", str(TINY), "--port", "0", "--max-new-tokens-limit", "256"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:
         sys.stderr.write(line)
@@ -56,16 +59,45 @@ def main() -> int:
             step("recording the example agent (python examples/tool_agent.py)")
             t0 = time.perf_counter()
             rec = subprocess.run(
-                [*CLI, "record", "--backend", url, "--model", str(TINY), "--db", str(DB), "--harness", "example-agent",
-                 "--json", "--", sys.executable, str(REPO / "examples" / "tool_agent.py")],
-                cwd=ws, stdout=subprocess.PIPE, text=True,
+                [
+                    *CLI,
+                    "record",
+                    "--backend",
+                    url,
+                    "--model",
+                    str(TINY),
+                    "--db",
+                    str(DB),
+                    "--harness",
+                    "example-agent",
+                    "--json",
+                    "--",
+                    sys.executable,
+                    str(REPO / "examples" / "tool_agent.py"),
+                ],
+                cwd=ws,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             print(rec.stdout, end="")
-            summary = json.loads(rec.stdout[rec.stdout.index('{\n  "episode_id"'):])
+            summary = json.loads(rec.stdout[rec.stdout.index('{\n  "episode_id"') :])
             print(f"(recorded in {time.perf_counter() - t0:.1f} s)")
         step("exporting per-request rows")
-        subprocess.run([*CLI, "export", "--db", str(DB), "--strategy", "per-request", "--format", "jsonl",
-                        "--out", str(OUT / "calls.jsonl")], check=True)
+        subprocess.run(
+            [
+                *CLI,
+                "export",
+                "--db",
+                str(DB),
+                "--strategy",
+                "per-request",
+                "--format",
+                "jsonl",
+                "--out",
+                str(OUT / "calls.jsonl"),
+            ],
+            check=True,
+        )
         step("the episode")
         subprocess.run([*CLI, "show", summary["episode_id"], "--db", str(DB)], check=True)
         step("checking recorded logprobs against a teacher-forced forward pass")
@@ -73,8 +105,10 @@ def main() -> int:
         print(f"max |recorded - teacher-forced| over all sampled tokens: {worst:.2e}")
         ok = rec.returncode == 0 and summary["calls"] >= 3 and worst < 1e-4
         step("summary")
-        print(f"episode {summary['episode_id']}: {summary['calls']} calls, {summary['tokens']} tokens, agent exit "
-              f"{summary['exit_code']}; rows in {OUT / 'calls.jsonl'}; store {DB}")
+        print(
+            f"episode {summary['episode_id']}: {summary['calls']} calls, {summary['tokens']} tokens, agent exit "
+            f"{summary['exit_code']}; rows in {OUT / 'calls.jsonl'}; store {DB}"
+        )
         print("demo OK" if ok else "demo FAILED")
         return 0 if ok else 1
     finally:

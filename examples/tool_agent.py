@@ -68,10 +68,13 @@ def stream_call(client: httpx.Client, url: str, body: dict) -> tuple[dict, dict]
                 delta = choice.get("delta", {})
                 message["content"] += delta.get("content") or ""
                 if delta.get("reasoning_content"):
-                    message["reasoning_content"] = message.get("reasoning_content", "") + delta["reasoning_content"]
+                    message["reasoning_content"] = (
+                        message.get("reasoning_content", "") + delta["reasoning_content"]
+                    )
                 for tc in delta.get("tool_calls") or []:
-                    slot = calls.setdefault(tc["index"], {"id": "", "type": "function",
-                                                          "function": {"name": "", "arguments": ""}})
+                    slot = calls.setdefault(
+                        tc["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                    )
                     slot["id"] = tc.get("id") or slot["id"]
                     fn = tc.get("function") or {}
                     slot["function"]["name"] += fn.get("name") or ""
@@ -79,7 +82,12 @@ def stream_call(client: httpx.Client, url: str, body: dict) -> tuple[dict, dict]
                 finish = choice.get("finish_reason") or finish
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    stats = {"chunks": chunks, "first_chunk_s": first, "total_s": time.perf_counter() - t0, "finish_reason": finish}
+    stats = {
+        "chunks": chunks,
+        "first_chunk_s": first,
+        "total_s": time.perf_counter() - t0,
+        "finish_reason": finish,
+    }
     return message, stats
 
 
@@ -90,12 +98,27 @@ def main() -> int:
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
     with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=300) as client:
         for turn in range(MAX_TURNS):
-            body = {"model": "tiny", "messages": messages, "tools": TOOLS, "stream": True, "temperature": 0,
-                    "max_tokens": 256, "stream_options": {"include_usage": True}}
+            body = {
+                "model": "tiny",
+                "messages": messages,
+                "tools": TOOLS,
+                "stream": True,
+                "temperature": 0,
+                "max_tokens": 256,
+                "stream_options": {"include_usage": True},
+            }
             reply, stats = stream_call(client, base + "/chat/completions", body)
             messages.append(reply)
-            print(json.dumps({"turn": turn + 1, **stats, "tool_calls": [c["function"]["name"] for c in
-                                                                       reply.get("tool_calls", [])]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "turn": turn + 1,
+                        **stats,
+                        "tool_calls": [c["function"]["name"] for c in reply.get("tool_calls", [])],
+                    }
+                ),
+                flush=True,
+            )
             if not reply.get("tool_calls"):
                 print(json.dumps({"final": reply["content"]}), flush=True)
                 return 0

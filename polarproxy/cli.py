@@ -22,14 +22,18 @@ app = typer.Typer(
 
 DbOpt = Annotated[
     str | None,
-    typer.Option("--db", envvar="POLARPROXY_DB", help="SQLite path or database URL (default: the user data dir)."),
+    typer.Option(
+        "--db", envvar="POLARPROXY_DB", help="SQLite path or database URL (default: the user data dir)."
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 BackendOpt = Annotated[
-    str | None, typer.Option("--backend", envvar="POLARPROXY_BACKEND", help="Backend URL (SGLang-compatible).")
+    str | None,
+    typer.Option("--backend", envvar="POLARPROXY_BACKEND", help="Backend URL (SGLang-compatible)."),
 ]
 ModelOpt = Annotated[
-    Path | None, typer.Option("--model", envvar="POLARPROXY_MODEL", help="Model folder (tokenizer + chat template).")
+    Path | None,
+    typer.Option("--model", envvar="POLARPROXY_MODEL", help="Model folder (tokenizer + chat template)."),
 ]
 
 
@@ -52,11 +56,17 @@ def _print_json(data: Any) -> None:
 
 def _require(backend: str | None, model: Path | None) -> tuple[str, Path]:
     if not backend:
-        fail("No backend given.", "Pass --backend URL (or set POLARPROXY_BACKEND), e.g. --backend http://127.0.0.1:30000 "
-             "after `polarproxy backend --model DIR --port 30000`.")
+        fail(
+            "No backend given.",
+            "Pass --backend URL (or set POLARPROXY_BACKEND), e.g. --backend http://127.0.0.1:30000 "
+            "after `polarproxy backend --model DIR --port 30000`.",
+        )
     if model is None:
-        fail("No model folder given.", "Pass --model DIR (or set POLARPROXY_MODEL): the folder with the tokenizer and "
-             "chat template the backend serves. `polarproxy tiny-model ./tiny` builds one.")
+        fail(
+            "No model folder given.",
+            "Pass --model DIR (or set POLARPROXY_MODEL): the folder with the tokenizer and "
+            "chat template the backend serves. `polarproxy tiny-model ./tiny` builds one.",
+        )
     return backend, model
 
 
@@ -66,11 +76,16 @@ def _open_store(db: str | None) -> Any:
     try:
         return Store.open(db)
     except Exception as e:
-        fail(f"Cannot open the store '{db or 'default'}': {e}", "Pass --db PATH to a writable file, or set POLARPROXY_DB.")
+        fail(
+            f"Cannot open the store '{db or 'default'}': {e}",
+            "Pass --db PATH to a writable file, or set POLARPROXY_DB.",
+        )
 
 
 @app.callback(invoke_without_command=True)
-def _root(version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False) -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
     if version:
         typer.echo(__version__)
         raise typer.Exit(0)
@@ -106,7 +121,9 @@ def backend(
     model: Annotated[Path, typer.Option("--model", help="Model folder to serve.")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 30000,
-    weight_version: Annotated[str, typer.Option(help="Weight version reported with every answer.")] = "default",
+    weight_version: Annotated[
+        str, typer.Option(help="Weight version reported with every answer.")
+    ] = "default",
     max_new_tokens_limit: Annotated[
         int | None, typer.Option(help="Cap every request's max_new_tokens (finish reason 'length').")
     ] = None,
@@ -120,20 +137,46 @@ def backend(
         typer.echo(f"polarproxy backend: serving {model} on http://{host}:{bound}", err=True)
 
     try:
-        serve(model, host, port, weight_version=weight_version, max_new_tokens_limit=max_new_tokens_limit, ready=ready)
+        serve(
+            model,
+            host,
+            port,
+            weight_version=weight_version,
+            max_new_tokens_limit=max_new_tokens_limit,
+            ready=ready,
+        )
     except OSError as e:
-        fail(f"Cannot listen on {host}:{port}: {e.strerror}.", "Pick another --port, or stop what is using it.")
+        fail(
+            f"Cannot listen on {host}:{port}: {e.strerror}.", "Pick another --port, or stop what is using it."
+        )
     except KeyboardInterrupt:
         pass
 
 
-def _proxy_config(backend: str | None, model: Path | None, db: str | None, port: int, max_tokens: int,
-                  harness: str | None, task: str | None, group: str | None) -> Any:
+def _proxy_config(
+    backend: str | None,
+    model: Path | None,
+    db: str | None,
+    port: int,
+    max_tokens: int,
+    harness: str | None,
+    task: str | None,
+    group: str | None,
+) -> Any:
     from polarproxy.capture.runner import ProxyConfig
 
     url, folder = _require(backend, model)
-    return ProxyConfig(backend=url, model=folder.resolve(), db=db, port=port, max_tokens_default=max_tokens,
-                       harness=harness, task=task, group_id=group, metadata={"model_dir": str(folder.resolve())})
+    return ProxyConfig(
+        backend=url,
+        model=folder.resolve(),
+        db=db,
+        port=port,
+        max_tokens_default=max_tokens,
+        harness=harness,
+        task=task,
+        group_id=group,
+        metadata={"model_dir": str(folder.resolve())},
+    )
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -154,7 +197,10 @@ def record(
     from polarproxy.errors import PolarproxyError
 
     if not command:
-        fail("No command to record.", "Put the harness command after --, e.g. polarproxy record -- python agent.py")
+        fail(
+            "No command to record.",
+            "Put the harness command after --, e.g. polarproxy record -- python agent.py",
+        )
     cfg = _proxy_config(backend, model, db, port, max_tokens, harness, task, group)
     try:
         outcome = asyncio.run(run_record(cfg, list(command)))
@@ -167,12 +213,23 @@ def record(
     for c in calls:
         counts[c.status] = counts.get(c.status, 0) + 1
     if json_out:
-        _print_json({"episode_id": outcome.episode_id, "exit_code": outcome.exit_code, "calls": len(calls),
-                     "statuses": counts, "tokens": episode.tokens, "db": outcome.db})
+        _print_json(
+            {
+                "episode_id": outcome.episode_id,
+                "exit_code": outcome.exit_code,
+                "calls": len(calls),
+                "statuses": counts,
+                "tokens": episode.tokens,
+                "db": outcome.db,
+            }
+        )
     else:
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
-        typer.echo(f"polarproxy: episode {outcome.episode_id}: {len(calls)} calls ({detail}), {episode.tokens} tokens, "
-                   f"exit {outcome.exit_code}, store {outcome.db}", err=True)
+        typer.echo(
+            f"polarproxy: episode {outcome.episode_id}: {len(calls)} calls ({detail}), {episode.tokens} tokens, "
+            f"exit {outcome.exit_code}, store {outcome.db}",
+            err=True,
+        )
     raise typer.Exit(outcome.exit_code)
 
 
@@ -193,7 +250,9 @@ def serve(
     cfg.host = host
 
     def ready(url: str, episode_id: str) -> None:
-        typer.echo(f"polarproxy: recording on {url} (default episode {episode_id}); base URL {url}/v1", err=True)
+        typer.echo(
+            f"polarproxy: recording on {url} (default episode {episode_id}); base URL {url}/v1", err=True
+        )
 
     try:
         asyncio.run(run_serve(cfg, on_ready=ready))
@@ -260,7 +319,9 @@ def export(
     out: Annotated[Path, typer.Option("--out", help="Output file.")],
     strategy: Annotated[str, typer.Option(help="'per-request' (one row per call).")] = "per-request",
     fmt: Annotated[str, typer.Option("--format", help="'jsonl'.")] = "jsonl",
-    episode: Annotated[list[str] | None, typer.Option("--episode", help="Only these episodes (repeatable).")] = None,
+    episode: Annotated[
+        list[str] | None, typer.Option("--episode", help="Only these episodes (repeatable).")
+    ] = None,
     include_failed: Annotated[bool, typer.Option(help="Also export failed and aborted calls.")] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
@@ -269,10 +330,15 @@ def export(
     strategies = ("per-request",)
     formats = ("jsonl",)
     if strategy not in strategies:
-        fail(f"Unknown strategy {strategy!r}. Must be one of {', '.join(repr(s) for s in strategies)}.",
-             "prefix-merge arrives with the reconstruction work; use --strategy per-request today.")
+        fail(
+            f"Unknown strategy {strategy!r}. Must be one of {', '.join(repr(s) for s in strategies)}.",
+            "prefix-merge arrives with the reconstruction work; use --strategy per-request today.",
+        )
     if fmt not in formats:
-        fail(f"Unknown format {fmt!r}. Must be one of {', '.join(repr(f) for f in formats)}.", "Use --format jsonl.")
+        fail(
+            f"Unknown format {fmt!r}. Must be one of {', '.join(repr(f) for f in formats)}.",
+            "Use --format jsonl.",
+        )
     from polarproxy.export.jsonl import write_jsonl
     from polarproxy.reconstruct.per_request import per_request
     from polarproxy.store.errors import StoreError
@@ -285,13 +351,23 @@ def export(
     episodes = {e.id: e for e in store.list_episodes(limit=None)}
     rows = per_request(store.iter_calls(ids), episodes=episodes, include_failed=include_failed)
     stats = write_jsonl(rows, out)
-    summary = {"out": str(out), "strategy": strategy, "format": fmt, "rows": stats.rows, "calls": stats.calls,
-               "trainable_tokens": stats.trainable_tokens, "total_tokens": stats.total_tokens}
+    summary = {
+        "out": str(out),
+        "strategy": strategy,
+        "format": fmt,
+        "rows": stats.rows,
+        "calls": stats.calls,
+        "trainable_tokens": stats.trainable_tokens,
+        "total_tokens": stats.total_tokens,
+    }
     if json_out:
         _print_json(summary)
     else:
-        typer.echo(f"wrote {stats.rows} rows ({stats.calls} calls, {stats.trainable_tokens} trainable of "
-                   f"{stats.total_tokens} tokens) to {out}", err=True)
+        typer.echo(
+            f"wrote {stats.rows} rows ({stats.calls} calls, {stats.trainable_tokens} trainable of "
+            f"{stats.total_tokens} tokens) to {out}",
+            err=True,
+        )
 
 
 def main() -> None:

@@ -90,9 +90,8 @@ class SSEDecoder:
             self._data.append(value)
         elif name == "event":
             self._event = value
-        elif name == "id":
-            if "\0" not in value:
-                self._id = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
         return None
 
 

@@ -12,8 +12,14 @@ from rich.text import Text
 
 from polarproxy.store.records import Call, Episode
 
-STATUS_STYLE = {"ok": "green", "running": "yellow", "in_flight": "yellow", "failed": "red", "aborted": "red",
-                "interrupted": "red"}
+STATUS_STYLE = {
+    "ok": "green",
+    "running": "yellow",
+    "in_flight": "yellow",
+    "failed": "red",
+    "aborted": "red",
+    "interrupted": "red",
+}
 
 
 def _when(ts: float | None) -> str:
@@ -22,9 +28,18 @@ def _when(ts: float | None) -> str:
 
 def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
     return [
-        {"id": e.id, "command": e.command, "exit_code": e.exit_code, "calls": e.calls, "tokens": e.tokens,
-         "status": e.status, "started_at": e.started_at, "ended_at": e.ended_at, "harness": e.harness,
-         "reward": e.reward}
+        {
+            "id": e.id,
+            "command": e.command,
+            "exit_code": e.exit_code,
+            "calls": e.calls,
+            "tokens": e.tokens,
+            "status": e.status,
+            "started_at": e.started_at,
+            "ended_at": e.ended_at,
+            "harness": e.harness,
+            "reward": e.reward,
+        }
         for e in episodes
     ]
 
@@ -32,11 +47,18 @@ def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
 def episodes_table(episodes: list[Episode]) -> Table:
     table = Table(title=f"{len(episodes)} episodes", title_justify="left")
     for col in ("id", "command", "exit", "calls", "tokens", "status", "started"):
-        table.add_column(col, no_wrap=col != "command", justify="right" if col in ("exit", "calls", "tokens") else "left")
+        table.add_column(
+            col, no_wrap=col != "command", justify="right" if col in ("exit", "calls", "tokens") else "left"
+        )
     for e in episodes:
         table.add_row(
-            e.id, " ".join(e.command), "-" if e.exit_code is None else str(e.exit_code), str(e.calls), str(e.tokens),
-            Text(e.status, style=STATUS_STYLE.get(e.status, "")), _when(e.started_at),
+            e.id,
+            " ".join(e.command),
+            "-" if e.exit_code is None else str(e.exit_code),
+            str(e.calls),
+            str(e.tokens),
+            Text(e.status, style=STATUS_STYLE.get(e.status, "")),
+            _when(e.started_at),
         )
     return table
 
@@ -45,11 +67,24 @@ def call_rows(calls: list[Call], *, with_tokens: bool = False) -> list[dict[str,
     rows = []
     for c in calls:
         row: dict[str, Any] = {
-            "id": c.id, "seq": c.seq, "dialect": c.dialect, "path": c.path, "model": c.model, "stream": c.stream,
-            "status": c.status, "error": c.error, "http_status": c.http_status, "finish_reason": c.finish_reason,
-            "prompt_tokens": len(c.prompt_ids), "output_tokens": len(c.output_ids), "latency_ms": c.latency_ms,
-            "ttft_ms": c.ttft_ms, "weight_version": c.weight_version, "render_mode": c.render_mode,
-            "extended_from": c.extended_from, "completion": c.completion,
+            "id": c.id,
+            "seq": c.seq,
+            "dialect": c.dialect,
+            "path": c.path,
+            "model": c.model,
+            "stream": c.stream,
+            "status": c.status,
+            "error": c.error,
+            "http_status": c.http_status,
+            "finish_reason": c.finish_reason,
+            "prompt_tokens": len(c.prompt_ids),
+            "output_tokens": len(c.output_ids),
+            "latency_ms": c.latency_ms,
+            "ttft_ms": c.ttft_ms,
+            "weight_version": c.weight_version,
+            "render_mode": c.render_mode,
+            "extended_from": c.extended_from,
+            "completion": c.completion,
         }
         if with_tokens:
             row.update(prompt_ids=c.prompt_ids, output_ids=c.output_ids, output_logprobs=c.output_logprobs)
@@ -72,15 +107,28 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + f"… (+{len(text) - limit} chars)"
 
 
-def render_episode(console: Console, ep: Episode, calls: list[Call], *, show_tokens: bool,
-                   decode: Callable[[int], str] | None) -> None:
-    console.print(Text.assemble(("episode ", "bold"), (ep.id, "bold cyan"), "  ",
-                                (ep.status, STATUS_STYLE.get(ep.status, "")),
-                                f"  exit {ep.exit_code}  {ep.calls} calls  {ep.tokens} tokens  {_when(ep.started_at)}"))
+def render_episode(
+    console: Console,
+    ep: Episode,
+    calls: list[Call],
+    *,
+    show_tokens: bool,
+    decode: Callable[[int], str] | None,
+) -> None:
+    console.print(
+        Text.assemble(
+            ("episode ", "bold"),
+            (ep.id, "bold cyan"),
+            "  ",
+            (ep.status, STATUS_STYLE.get(ep.status, "")),
+            f"  exit {ep.exit_code}  {ep.calls} calls  {ep.tokens} tokens  {_when(ep.started_at)}",
+        )
+    )
     console.print(Text("$ " + " ".join(ep.command), style="dim"))
     for c in calls:
         head = Text.assemble(
-            (f"\n#{c.seq} ", "bold"), (c.status, STATUS_STYLE.get(c.status, "")),
+            (f"\n#{c.seq} ", "bold"),
+            (c.status, STATUS_STYLE.get(c.status, "")),
             f"  {c.method} {c.path}  {c.dialect}{' stream' if c.stream else ''}  "
             f"prompt {len(c.prompt_ids)} + output {len(c.output_ids)} tokens  finish {c.finish_reason}  "
             f"{(c.latency_ms or 0):.0f} ms",
@@ -107,7 +155,10 @@ def token_text(call: Call, decode: Callable[[int], str] | None) -> Text:
     """Prompt tokens dim (masked), sampled tokens green (trainable); IDs when there is no tokenizer."""
     out = Text("  ")
     alt = False
-    for ids, styles in ((call.prompt_ids, ("grey50", "grey35")), (call.output_ids, ("green", "bright_green"))):
+    for ids, styles in (
+        (call.prompt_ids, ("grey50", "grey35")),
+        (call.output_ids, ("green", "bright_green")),
+    ):
         for tid in ids:
             piece = decode(tid) if decode else f"[{tid}]"
             out.append(piece, style=styles[alt])

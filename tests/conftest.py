@@ -23,7 +23,9 @@ def load_traffic(name: str) -> list[dict[str, Any]]:
     """The captured requests of one harness (../shared/fixtures/harness-traffic/NAME.jsonl)."""
     path = TRAFFIC / f"{name}.jsonl"
     if not path.is_file():
-        pytest.skip(f"{path} is absent: the harness captures live in ../shared beside the checkout (CI has them)")
+        pytest.skip(
+            f"{path} is absent: the harness captures live in ../shared beside the checkout (CI has them)"
+        )
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -91,7 +93,9 @@ def start_backend(model_dir: Path, *extra: str) -> BackendProcess:
     """`polarproxy backend` on a free port, as a real subprocess."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "polarproxy", "backend", "--model", str(model_dir), "--port", "0", *extra],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stderr is not None
     lines = []

@@ -2,8 +2,8 @@ from polarproxy.sse import Event, SSEDecoder, encode
 
 STREAM = (
     b": keep-alive\n\n"
-    b"data: {\"a\": 1}\n\n"
-    b"event: message_start\r\ndata: {\"type\": \"message_start\"}\r\n\r\n"
+    b'data: {"a": 1}\n\n'
+    b'event: message_start\r\ndata: {"type": "message_start"}\r\n\r\n'
     b"data: first line\ndata: second line\n\n"
     b"id: 7\rdata: caf\xc3\xa9 \xe2\x9c\x93\r\r"
     b"data:no-space\n\n"

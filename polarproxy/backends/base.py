@@ -45,7 +45,9 @@ class Backend(Protocol):
     url: str
     kind: str
 
-    def generate(self, prompt_ids: list[int], params: GenerateParams, *, stream: bool) -> AsyncIterator[Generation]:
+    def generate(
+        self, prompt_ids: list[int], params: GenerateParams, *, stream: bool
+    ) -> AsyncIterator[Generation]:
         """Yields growing generations; the last one has `finish_reason`. Raises BackendError."""
         ...
 

@@ -47,7 +47,9 @@ class Response:
         self._chunked = "chunked" in te
         length = headers.get("content-length")
         self._remaining = int(length) if length is not None and not self._chunked else None
-        self._keep = headers.get("connection", "").lower() != "close" and (self._chunked or self._remaining is not None)
+        self._keep = headers.get("connection", "").lower() != "close" and (
+            self._chunked or self._remaining is not None
+        )
         self._done = False
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
@@ -95,8 +97,9 @@ class Response:
 
 
 class HTTPClient:
-    def __init__(self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: float = 600.0,
-                 max_idle: int = 64) -> None:
+    def __init__(
+        self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: float = 600.0, max_idle: int = 64
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"Backend URL {base_url!r} must look like http://HOST:PORT.")
@@ -113,7 +116,8 @@ class HTTPClient:
     async def _connect(self) -> _Conn:
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=self.ssl or None, limit=2**20), self.connect_timeout
+                asyncio.open_connection(self.host, self.port, ssl=self.ssl or None, limit=2**20),
+                self.connect_timeout,
             )
         except (OSError, TimeoutError) as e:
             raise HTTPError(f"cannot connect to {self.host}:{self.port}: {e}", connect=True) from e
@@ -125,10 +129,14 @@ class HTTPClient:
         else:
             conn.close()
 
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None) -> Response:
-        head = [b"%s %s HTTP/1.1" % (method.encode(), (self.prefix + path).encode()), b"host: " + self._host_header,
-                b"content-length: %d" % len(body)]
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> Response:
+        head = [
+            b"%s %s HTTP/1.1" % (method.encode(), (self.prefix + path).encode()),
+            b"host: " + self._host_header,
+            b"content-length: %d" % len(body),
+        ]
         for k, v in (headers or {}).items():
             head.append(f"{k}: {v}".encode())
         payload = b"\r\n".join(head) + b"\r\n\r\n" + body
@@ -157,8 +165,14 @@ class HTTPClient:
             parts = status_line.split(b" ", 2)
             status = int(parts[1])
             raw = await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), self.read_timeout)
-        except (ValueError, IndexError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError,
-                TimeoutError) as e:
+        except (
+            ValueError,
+            IndexError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            OSError,
+            TimeoutError,
+        ) as e:
             conn.close()
             raise HTTPError(f"the backend sent a malformed response head: {status_line[:100]!r}") from e
         headers: dict[str, str] = {}

@@ -101,12 +101,14 @@ class SGLangBackend:
             "stream": stream,
         }
         try:
-            response = await self._http.request("POST", "/generate", orjson.dumps(payload),
-                                                {"content-type": "application/json"})
+            response = await self._http.request(
+                "POST", "/generate", orjson.dumps(payload), {"content-type": "application/json"}
+            )
         except HTTPError as e:
             if e.connect:
-                raise BackendError(f"Backend {self.url} is unreachable: {e}", kind="backend_unreachable",
-                                   status=503) from e
+                raise BackendError(
+                    f"Backend {self.url} is unreachable: {e}", kind="backend_unreachable", status=503
+                ) from e
             raise BackendError(f"Backend {self.url} failed: {e}") from e
         try:
             if response.status != 200:
@@ -138,8 +140,9 @@ class SGLangBackend:
             for ev in decoder.decode(chunk):
                 if ev.data == "[DONE]":
                     if not finished:
-                        raise BackendError("Backend ended the stream without a finish reason.",
-                                           kind="backend_disconnected")
+                        raise BackendError(
+                            "Backend ended the stream without a finish reason.", kind="backend_disconnected"
+                        )
                     return
                 data = orjson.loads(ev.data)
                 if "error" in data and "meta_info" not in data:

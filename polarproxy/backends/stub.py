@@ -84,31 +84,79 @@ class StubBackend:
         if method == "GET" and path in ("/health", "/health_generate"):
             return self._send(w, 200, b"")
         if method == "GET" and path == "/model_info":
-            return self._send(w, 200, orjson.dumps({"model_path": "stub", "is_generation": True,
-                                                   "weight_version": cfg.weight_version}))
+            return self._send(
+                w,
+                200,
+                orjson.dumps(
+                    {"model_path": "stub", "is_generation": True, "weight_version": cfg.weight_version}
+                ),
+            )
         if cfg.status != 200:
-            return self._send(w, cfg.status, orjson.dumps({"error": {"message": f"stub failure {cfg.status}"}}))
+            return self._send(
+                w, cfg.status, orjson.dumps({"error": {"message": f"stub failure {cfg.status}"}})
+            )
         if method == "POST" and path == "/generate":
             prompt = len(body.get("input_ids") or [])
             if body.get("stream"):
-                return await self._stream(w, lambda n, done: orjson.dumps(
-                    {"text": cfg.text, "output_ids": cfg.output_ids[:n], "meta_info": _meta(cfg, n, prompt, done)}))
+                return await self._stream(
+                    w,
+                    lambda n, done: orjson.dumps(
+                        {
+                            "text": cfg.text,
+                            "output_ids": cfg.output_ids[:n],
+                            "meta_info": _meta(cfg, n, prompt, done),
+                        }
+                    ),
+                )
             await self._wait_all()
             n = len(cfg.output_ids)
-            return self._send(w, 200, orjson.dumps({"text": cfg.text, "output_ids": cfg.output_ids,
-                                                    "meta_info": _meta(cfg, n, prompt, True)}))
+            return self._send(
+                w,
+                200,
+                orjson.dumps(
+                    {"text": cfg.text, "output_ids": cfg.output_ids, "meta_info": _meta(cfg, n, prompt, True)}
+                ),
+            )
         if method == "POST" and path.endswith("/chat/completions"):
             head = {"id": "chatcmpl-stub", "created": int(time.time()), "model": "stub"}
             if body.get("stream"):
+
                 def chunk(n: int, done: bool) -> bytes:
                     delta = {"content": "x"} if not done else {}
-                    return orjson.dumps({**head, "object": "chat.completion.chunk", "choices": [
-                        {"index": 0, "delta": delta, "finish_reason": "stop" if done else None}]})
+                    return orjson.dumps(
+                        {
+                            **head,
+                            "object": "chat.completion.chunk",
+                            "choices": [
+                                {"index": 0, "delta": delta, "finish_reason": "stop" if done else None}
+                            ],
+                        }
+                    )
+
                 return await self._stream(w, chunk)
             await self._wait_all()
-            return self._send(w, 200, orjson.dumps({**head, "object": "chat.completion", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": cfg.text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": len(cfg.output_ids), "total_tokens": 1}}))
+            return self._send(
+                w,
+                200,
+                orjson.dumps(
+                    {
+                        **head,
+                        "object": "chat.completion",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": cfg.text},
+                                "finish_reason": "stop",
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": 1,
+                            "completion_tokens": len(cfg.output_ids),
+                            "total_tokens": 1,
+                        },
+                    }
+                ),
+            )
         return self._send(w, 404, orjson.dumps({"error": {"message": f"no route {method} {path}"}}))
 
     async def _wait_all(self) -> None:
@@ -118,7 +166,10 @@ class StubBackend:
 
     def _send(self, w: asyncio.StreamWriter, status: int, body: bytes) -> bool:
         ctype = b"application/json" if body else b"text/plain"
-        w.write(b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (status, ctype, len(body), body))
+        w.write(
+            b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, ctype, len(body), body)
+        )
         return True
 
     async def _stream(self, w: asyncio.StreamWriter, make: object) -> bool:

@@ -54,13 +54,22 @@ class Recorder:
     def load(self, loader: Any) -> None:
         loader.add_option("polarproxy_model", str, "", "Model folder with the tokenizer and chat template.")
         loader.add_option(
-            "polarproxy_backend", str, "", "Backend URL (SGLang-compatible /generate). Default: the reverse target."
+            "polarproxy_backend",
+            str,
+            "",
+            "Backend URL (SGLang-compatible /generate). Default: the reverse target.",
         )
         loader.add_option(
-            "polarproxy_db", str, "", "Store: a SQLite path or database URL. Default: $POLARPROXY_DB or the data dir."
+            "polarproxy_db",
+            str,
+            "",
+            "Store: a SQLite path or database URL. Default: $POLARPROXY_DB or the data dir.",
         )
         loader.add_option(
-            "polarproxy_episode", str, "", "Episode for calls that name none. Default: a new episode per start."
+            "polarproxy_episode",
+            str,
+            "",
+            "Episode for calls that name none. Default: a new episode per start.",
         )
         loader.add_option("polarproxy_max_tokens", int, 4096, "max_new_tokens when a request sets no limit.")
 
@@ -99,7 +108,7 @@ class Recorder:
         )
         self.default_episode = opts.polarproxy_episode or None
         self.model_name = renderer.model_dir.name
-        if "connection_strategy" in opts.keys() and opts.connection_strategy != "lazy":
+        if "connection_strategy" in opts and opts.connection_strategy != "lazy":
             opts.update(connection_strategy="lazy")  # never dial the reverse target on connect
 
     async def running(self) -> None:
@@ -157,9 +166,12 @@ class Recorder:
                 raise DialectError(f"The request body is not valid JSON: {e}.") from e
             conv = dialect.parse(body, path=bare_path, query=dict(req.query))
         except DialectError as e:
-            await self.gateway.record_failure(start, status="failed", error=f"bad request: {e.message}",
-                                               http_status=e.status)
-            flow.response = http.Response.make(e.status, dialect.error(e.status, e.message, e.code), JSON_HEADERS)
+            await self.gateway.record_failure(
+                start, status="failed", error=f"bad request: {e.message}", http_status=e.status
+            )
+            flow.response = http.Response.make(
+                e.status, dialect.error(e.status, e.message, e.code), JSON_HEADERS
+            )
             return
         start.model = conv.model
         start.stream = conv.stream
@@ -187,10 +199,15 @@ class Recorder:
 
     def _answer_other(self, flow: http.HTTPFlow, method: str, path: str) -> None:
         if method == "GET" and path.rstrip("/").endswith("/models"):
-            body = {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "polarproxy"}]}
+            body = {
+                "object": "list",
+                "data": [{"id": self.model_name, "object": "model", "owned_by": "polarproxy"}],
+            }
             flow.response = http.Response.make(200, orjson.dumps(body), JSON_HEADERS)
             return
-        msg = f"Unknown route {method} {path}. polarproxy serves: {', '.join(served_routes())}, GET /v1/models."
+        msg = (
+            f"Unknown route {method} {path}. polarproxy serves: {', '.join(served_routes())}, GET /v1/models."
+        )
         flow.response = http.Response.make(404, OPENAI_CHAT.error(404, msg, "unknown_route"), JSON_HEADERS)
 
 

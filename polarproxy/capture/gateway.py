@@ -151,7 +151,9 @@ class Gateway:
             else:
                 await run.complete()
         except asyncio.CancelledError:
-            await asyncio.shield(run.record_abort("aborted: the harness disconnected before the answer was complete"))
+            await asyncio.shield(
+                run.record_abort("aborted: the harness disconnected before the answer was complete")
+            )
             raise
         except ClientGone:
             await run.record_abort("aborted: the harness disconnected before the answer was complete")
@@ -179,8 +181,14 @@ class StoreUnavailable(Exception):
 class _CallRun:
     """The state of one call being served."""
 
-    def __init__(self, gw: Gateway, call: PendingCall, begin: asyncio.Future[tuple[str, int]],
-                 prompt_ids: list[int], sink: Sink) -> None:
+    def __init__(
+        self,
+        gw: Gateway,
+        call: PendingCall,
+        begin: asyncio.Future[tuple[str, int]],
+        prompt_ids: list[int],
+        sink: Sink,
+    ) -> None:
         self.gw = gw
         self.call = call
         self.begin = begin
@@ -288,7 +296,10 @@ class _CallRun:
 
     def _tick_keepalive(self) -> None:
         """A comment line when nothing was sent for a while, so clients and middleboxes keep the stream."""
-        if self._writer is not None and time.monotonic() - self._last_send >= self.gw.options.keepalive_s * 0.9:
+        if (
+            self._writer is not None
+            and time.monotonic() - self._last_send >= self.gw.options.keepalive_s * 0.9
+        ):
             try:
                 self.sink.send_nowait(self._writer.keepalive())
             except (ConnectionError, OSError):
@@ -310,8 +321,14 @@ class _CallRun:
         if was_streaming:
             assert self._writer is not None
             body = b"".join([*self.body_parts, self._writer.error(e.message, e.kind)])
-        await self._finish(self._result("failed", error=f"{e.kind}: {e.message}",
-                                        http_status=200 if was_streaming else status, response_body=body.decode()))
+        await self._finish(
+            self._result(
+                "failed",
+                error=f"{e.kind}: {e.message}",
+                http_status=200 if was_streaming else status,
+                response_body=body.decode(),
+            )
+        )
         await self._error_out(status, e.message, e.kind)
 
     async def store_failed(self, e: StoreUnavailable) -> None:
@@ -343,8 +360,13 @@ class _CallRun:
         return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(gen.output_ids) if gen else 0)
 
     def _ok_result(self, completion: Completion, body: bytes) -> CallResult:
-        return self._result("ok", http_status=200, response_body=body.decode(), completion=completion.to_dict(),
-                            finish_reason=completion.finish_reason)
+        return self._result(
+            "ok",
+            http_status=200,
+            response_body=body.decode(),
+            completion=completion.to_dict(),
+            finish_reason=completion.finish_reason,
+        )
 
     async def complete(self) -> None:
         gw = self.gw
@@ -364,7 +386,9 @@ class _CallRun:
         parser = OutputParser(new_call_id=new_tool_call_id)
         parser.feed(text)
         _, completion = parser.finish(_finish_reason(gen), self._usage())
-        body = self.dialect.response(completion, response_id=self.response_id, model=self.model, created=self.created)
+        body = self.dialect.response(
+            completion, response_id=self.response_id, model=self.model, created=self.created
+        )
         await self._finish(self._ok_result(completion, body))
         await self._respond(200, body)
 
@@ -403,7 +427,9 @@ class _CallRun:
         assert gen is not None and gen.finish_reason is not None
         events, completion = parser.finish(_finish_reason(gen), self._usage())
         tail = writer.events(events) + writer.finish(completion)
-        await self._finish(self._ok_result(completion, b"".join([*self.body_parts, tail])))  # T6: on disk first
+        await self._finish(
+            self._ok_result(completion, b"".join([*self.body_parts, tail]))
+        )  # T6: on disk first
         await self._send(tail)
         await self._end()
 

@@ -57,8 +57,12 @@ async def start_proxy(
     opts = Options()
     master = Master(opts, with_termlog=False)
     master.addons.add(*addons.default_addons())
-    recorder = Recorder(gateway=gateway, writer=writer, default_episode=default_episode,  # type: ignore[arg-type]
-                        model_name=model_name)
+    recorder = Recorder(
+        gateway=gateway,
+        writer=writer,
+        default_episode=default_episode,  # type: ignore[arg-type]
+        model_name=model_name,
+    )
     ready = _Ready()
     master.addons.add(recorder, ready)
     update: dict[str, object] = {

@@ -18,8 +18,15 @@ from polarproxy.capture.gateway import PendingCall, Sink
 log = logging.getLogger("polarproxy.responder")
 
 PATH_PREFIX = "/_polarproxy/call/"
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 499: "Client Closed Request", 500: "Internal Server Error",
-            502: "Bad Gateway", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    499: "Client Closed Request",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
 class ChunkedSink(Sink):

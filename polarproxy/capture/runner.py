@@ -86,8 +86,10 @@ async def _open(cfg: ProxyConfig) -> _Stack:
     try:
         store = Store.open(cfg.db)
     except Exception as e:
-        raise UsageError(f"Cannot open the store '{cfg.db or 'default'}': {e}",
-                         hint="Pass --db PATH to a writable file, or set POLARPROXY_DB.") from e
+        raise UsageError(
+            f"Cannot open the store '{cfg.db or 'default'}': {e}",
+            hint="Pass --db PATH to a writable file, or set POLARPROXY_DB.",
+        ) from e
     backend = SGLangBackend(cfg.backend)
     try:
         if cfg.check_backend:
@@ -100,9 +102,12 @@ async def _open(cfg: ProxyConfig) -> _Stack:
             "SGLang-compatible server.",
         ) from e
     writer = StoreWriter(store)
-    gateway = Gateway(renderer=renderer, backend=backend, store=writer,
-                      options=GatewayOptions(max_tokens_default=cfg.max_tokens_default,
-                                            keepalive_s=cfg.keepalive_s))
+    gateway = Gateway(
+        renderer=renderer,
+        backend=backend,
+        store=writer,
+        options=GatewayOptions(max_tokens_default=cfg.max_tokens_default, keepalive_s=cfg.keepalive_s),
+    )
     return _Stack(store=store, writer=writer, gateway=gateway, renderer=renderer)
 
 
@@ -111,23 +116,38 @@ async def _close(stack: _Stack) -> None:
     stack.writer.close()
 
 
-async def record(cfg: ProxyConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
-                 ) -> RecordOutcome:
+async def record(
+    cfg: ProxyConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
+) -> RecordOutcome:
     """Run `command` as one recorded episode. Returns the child's exit code (128+N for signal N)."""
     stack = await _open(cfg)
     episode_id = await stack.writer.create_episode(
-        EpisodeStart(command=command, harness=cfg.harness, cwd=os.getcwd(), task=cfg.task, group_id=cfg.group_id,
-                     metadata=dict(cfg.metadata))
+        EpisodeStart(
+            command=command,
+            harness=cfg.harness,
+            cwd=os.getcwd(),
+            task=cfg.task,
+            group_id=cfg.group_id,
+            metadata=dict(cfg.metadata),
+        )
     )
-    proxy = await start_proxy(stack.gateway, writer=stack.writer, default_episode=episode_id,
-                              model_name=stack.renderer.model_dir.name, host=cfg.host, port=cfg.port)
+    proxy = await start_proxy(
+        stack.gateway,
+        writer=stack.writer,
+        default_episode=episode_id,
+        model_name=stack.renderer.model_dir.name,
+        host=cfg.host,
+        port=cfg.port,
+    )
     if on_ready:
         on_ready(proxy.url, episode_id)
     loop = asyncio.get_running_loop()
     rc = 127
     try:
         try:
-            proc = await asyncio.create_subprocess_exec(*command, env=harness_env(os.environ, proxy.url, episode_id))
+            proc = await asyncio.create_subprocess_exec(
+                *command, env=harness_env(os.environ, proxy.url, episode_id)
+            )
         except (FileNotFoundError, PermissionError) as e:
             print(f"Error: cannot run {command[0]!r}: {e.strerror}.", file=sys.stderr)
             rc = 127 if isinstance(e, FileNotFoundError) else 126
@@ -152,16 +172,29 @@ def _forward(proc: asyncio.subprocess.Process, sig: int) -> None:
         proc.send_signal(sig)
 
 
-async def serve(cfg: ProxyConfig, *, on_ready: Callable[[str, str], None] | None = None,
-                stop: asyncio.Event | None = None) -> str:
+async def serve(
+    cfg: ProxyConfig, *, on_ready: Callable[[str, str], None] | None = None, stop: asyncio.Event | None = None
+) -> str:
     """Serve until SIGINT/SIGTERM (or `stop`). Calls without an episode go to one new episode."""
     stack = await _open(cfg)
     episode_id = await stack.writer.create_episode(
-        EpisodeStart(command=["serve"], harness=cfg.harness, cwd=os.getcwd(), task=cfg.task, group_id=cfg.group_id,
-                     metadata=dict(cfg.metadata))
+        EpisodeStart(
+            command=["serve"],
+            harness=cfg.harness,
+            cwd=os.getcwd(),
+            task=cfg.task,
+            group_id=cfg.group_id,
+            metadata=dict(cfg.metadata),
+        )
     )
-    proxy = await start_proxy(stack.gateway, writer=stack.writer, default_episode=episode_id,
-                              model_name=stack.renderer.model_dir.name, host=cfg.host, port=cfg.port)
+    proxy = await start_proxy(
+        stack.gateway,
+        writer=stack.writer,
+        default_episode=episode_id,
+        model_name=stack.renderer.model_dir.name,
+        host=cfg.host,
+        port=cfg.port,
+    )
     if on_ready:
         on_ready(proxy.url, episode_id)
     stop = stop or asyncio.Event()

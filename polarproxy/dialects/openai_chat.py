@@ -47,7 +47,9 @@ def _text(content: Any, where: str) -> str:
                     "Supported: 'text'. This model takes text only."
                 )
         return "".join(out)
-    raise DialectError(f"{where}.content must be a string, null or an array of parts, not {type(content).__name__}.")
+    raise DialectError(
+        f"{where}.content must be a string, null or an array of parts, not {type(content).__name__}."
+    )
 
 
 def _tool_calls(raw: Any, where: str) -> list[ToolCall]:
@@ -100,7 +102,11 @@ def _tools(raw: Any) -> list[Tool]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise DialectError(f"tools[{i}] needs function.name.")
         tools.append(
-            Tool(name=fn["name"], description=fn.get("description") or "", parameters=fn.get("parameters") or {})
+            Tool(
+                name=fn["name"],
+                description=fn.get("description") or "",
+                parameters=fn.get("parameters") or {},
+            )
         )
     return tools
 
@@ -168,8 +174,12 @@ class OpenAIChat:
             }
         )
 
-    def stream_writer(self, conv: Conversation, *, response_id: str, model: str, created: int) -> ChatStreamWriter:
-        return ChatStreamWriter(response_id=response_id, model=model, created=created, include_usage=conv.include_usage)
+    def stream_writer(
+        self, conv: Conversation, *, response_id: str, model: str, created: int
+    ) -> ChatStreamWriter:
+        return ChatStreamWriter(
+            response_id=response_id, model=model, created=created, include_usage=conv.include_usage
+        )
 
     def error(self, status: int, message: str, code: str) -> bytes:
         return orjson.dumps({"error": error_object(status, message, code)})
@@ -198,7 +208,12 @@ def _usage(c: Completion) -> dict[str, int]:
 
 class ChatStreamWriter:
     def __init__(self, *, response_id: str, model: str, created: int, include_usage: bool) -> None:
-        self._head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        self._head = {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
         self._include_usage = include_usage
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:

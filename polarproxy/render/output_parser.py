@@ -48,10 +48,7 @@ def parse_tool_call(body: str, call_id: str) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", {})
-    if isinstance(args, str):
-        arguments = args
-    else:
-        arguments = json.dumps(args, ensure_ascii=False)
+    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return ToolCall(id=call_id, name=obj["name"], arguments=arguments)
 
 
@@ -161,7 +158,9 @@ class OutputParser:
             events.append(ToolCallEvent(index=len(self._calls) - 1, call=call))
         return True
 
-    def finish(self, finish_reason: FinishReason, usage: Usage | None = None) -> tuple[list[StreamEvent], Completion]:
+    def finish(
+        self, finish_reason: FinishReason, usage: Usage | None = None
+    ) -> tuple[list[StreamEvent], Completion]:
         """Flush what is held back. An unclosed `<think>` stays reasoning; an unclosed tool call is text."""
         events: list[StreamEvent] = []
         rest = self._buf
@@ -185,7 +184,9 @@ class OutputParser:
         return events, completion
 
 
-def parse_output(text: str, *, new_call_id: Callable[[], str], finish_reason: FinishReason = "stop") -> Completion:
+def parse_output(
+    text: str, *, new_call_id: Callable[[], str], finish_reason: FinishReason = "stop"
+) -> Completion:
     """Parse a whole sampled text at once (same result as feeding it in pieces)."""
     parser = OutputParser(new_call_id=new_call_id)
     parser.feed(text)

@@ -38,11 +38,13 @@ class ProxyThread:
     async def _main(self) -> None:
         try:
             self.stack = await _open(self.cfg)
-            self.episode_id = await self.stack.writer.create_episode(
-                EpisodeStart(command=["test"])
+            self.episode_id = await self.stack.writer.create_episode(EpisodeStart(command=["test"]))
+            self.proxy = await start_proxy(
+                self.stack.gateway,
+                writer=self.stack.writer,
+                default_episode=self.episode_id,
+                model_name="tiny",
             )
-            self.proxy = await start_proxy(self.stack.gateway, writer=self.stack.writer,
-                                           default_episode=self.episode_id, model_name="tiny")
             self.url = self.proxy.url
             self._stop = asyncio.Event()
         except BaseException as e:
@@ -69,7 +71,9 @@ def make_proxy(tmp_path: Path, tiny_model_dir: Path):
     proxies: list[ProxyThread] = []
 
     def make(backend_url: str, **kw) -> ProxyThread:
-        cfg = ProxyConfig(backend=backend_url, model=tiny_model_dir, db=str(tmp_path / f"p{len(proxies)}.db"), **kw)
+        cfg = ProxyConfig(
+            backend=backend_url, model=tiny_model_dir, db=str(tmp_path / f"p{len(proxies)}.db"), **kw
+        )
         p = ProxyThread(cfg)
         proxies.append(p)
         return p
@@ -109,7 +113,7 @@ def make_stub(tiny_model_dir: Path):
     stubs: list[StubThread] = []
 
     def make(reply: str = "Hello there.", **kw) -> StubThread:
-        ids = renderer.encode(reply) + [renderer.stop_token_ids[0]]
+        ids = [*renderer.encode(reply), renderer.stop_token_ids[0]]
         s = StubThread(StubConfig(output_ids=ids, **kw))
         stubs.append(s)
         return s

@@ -13,8 +13,9 @@ from polarproxy.store.store import Store
 
 
 def chat_flow(body: bytes, path: str = "/v1/chat/completions", headers: dict | None = None):
-    req = tutils.treq(method=b"POST", path=path.encode(), content=body,
-                      headers=((b"content-type", b"application/json"),))
+    req = tutils.treq(
+        method=b"POST", path=path.encode(), content=body, headers=((b"content-type", b"application/json"),)
+    )
     for k, v in (headers or {}).items():
         req.headers[k] = v
     return tflow.tflow(req=req)
@@ -24,8 +25,13 @@ def chat_flow(body: bytes, path: str = "/v1/chat/completions", headers: dict | N
 def configured(tiny_model_dir, tmp_path):
     addon = Recorder()
     with taddons.context(addon) as tctx:
-        tctx.configure(addon, mode=["reverse:http://127.0.0.1:9"], polarproxy_model=str(tiny_model_dir),
-                       polarproxy_db=str(tmp_path / "a.db"), polarproxy_episode="ep_addon")
+        tctx.configure(
+            addon,
+            mode=["reverse:http://127.0.0.1:9"],
+            polarproxy_model=str(tiny_model_dir),
+            polarproxy_db=str(tmp_path / "a.db"),
+            polarproxy_episode="ep_addon",
+        )
         addon.responder = Responder(addon.gateway.serve)
         addon.responder.port = 4242
         yield addon, tmp_path / "a.db"
@@ -63,7 +69,9 @@ async def test_chat_request_is_parked_and_forwarded_to_the_responder_without_sec
 
 async def test_episode_comes_from_the_path_prefix(configured):
     addon, _ = configured
-    f = chat_flow(orjson.dumps({"messages": [{"role": "user", "content": "x"}]}), path="/e/ep_other/v1/chat/completions")
+    f = chat_flow(
+        orjson.dumps({"messages": [{"role": "user", "content": "x"}]}), path="/e/ep_other/v1/chat/completions"
+    )
     await addon.request(f)
     assert addon.responder.pending[f.id].episode_id == "ep_other"
 

@@ -119,8 +119,13 @@ def test_client_hanging_up_mid_stream_is_recorded_as_aborted(make_stub, make_pro
 def test_no_secret_reaches_the_database(make_stub, make_proxy, tmp_path):
     proxy = make_proxy(make_stub().url)
     secret = "sk-live-SECRET-1234567890"
-    headers = {"authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
-               "api-key": secret, "cookie": f"session={secret}"}
+    headers = {
+        "authorization": f"Bearer {secret}",
+        "x-api-key": secret,
+        "x-goog-api-key": secret,
+        "api-key": secret,
+        "cookie": f"session={secret}",
+    }
     r = httpx.post(proxy.url + CHAT + f"?key={secret}", json=BODY, headers=headers, timeout=30)
     assert r.status_code == 200
     bad = httpx.post(proxy.url + CHAT, content=b"{", headers=headers, timeout=30)

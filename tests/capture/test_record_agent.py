@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def last_json(stdout: str) -> dict:
-    return json.loads(stdout[stdout.rindex('{\n  "episode_id"'):])
+    return json.loads(stdout[stdout.rindex('{\n  "episode_id"') :])
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +30,28 @@ def recorded(backend, tiny_model_dir, tmp_path_factory):
     (ws / "main.py").write_text("print('hi')\n")
     db = tmp_path_factory.mktemp("db") / "rec.db"
     r = subprocess.run(
-        [sys.executable, "-m", "polarproxy", "record", "--backend", backend.url, "--model", str(tiny_model_dir),
-         "--db", str(db), "--harness", "example-agent", "--json", "--",
-         sys.executable, str(REPO / "examples" / "tool_agent.py")],
-        cwd=ws, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "polarproxy",
+            "record",
+            "--backend",
+            backend.url,
+            "--model",
+            str(tiny_model_dir),
+            "--db",
+            str(db),
+            "--harness",
+            "example-agent",
+            "--json",
+            "--",
+            sys.executable,
+            str(REPO / "examples" / "tool_agent.py"),
+        ],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     return r, db
 
@@ -85,10 +103,28 @@ def test_no_key_reaches_the_database(recorded):
 
 
 def test_per_request_export_of_the_episode_is_schema_valid(recorded, tmp_path):
-    r, db = recorded
+    _r, db = recorded
     out = tmp_path / "calls.jsonl"
-    e = subprocess.run([sys.executable, "-m", "polarproxy", "export", "--db", str(db), "--strategy", "per-request",
-                        "--format", "jsonl", "--out", str(out), "--json"], capture_output=True, text=True, timeout=120)
+    e = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polarproxy",
+            "export",
+            "--db",
+            str(db),
+            "--strategy",
+            "per-request",
+            "--format",
+            "jsonl",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert e.returncode == 0, e.stderr
     assert json.loads(e.stdout)["rows"] == 3
     schema = load_schema("export-row.v1")
@@ -99,16 +135,24 @@ def test_per_request_export_of_the_episode_is_schema_valid(recorded, tmp_path):
         (call,) = [store.get_call(row["call_ids"][0])]
         assert row["input_ids"] == call.prompt_ids + call.output_ids
         assert row["loss_mask"] == [0] * len(call.prompt_ids) + [1] * len(call.output_ids)
-        assert row["logprobs"][len(call.prompt_ids):] == pytest.approx(call.output_logprobs, abs=0)
+        assert row["logprobs"][len(call.prompt_ids) :] == pytest.approx(call.output_logprobs, abs=0)
 
 
 def test_show_and_ls_read_the_episode(recorded):
     r, db = recorded
     ep = last_json(r.stdout)["episode_id"]
-    ls = subprocess.run([sys.executable, "-m", "polarproxy", "ls", "--db", str(db), "--json"],
-                        capture_output=True, text=True, timeout=60)
+    ls = subprocess.run(
+        [sys.executable, "-m", "polarproxy", "ls", "--db", str(db), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert [e["id"] for e in json.loads(ls.stdout)] == [ep]
-    show = subprocess.run([sys.executable, "-m", "polarproxy", "show", ep[:8], "--db", str(db), "--tokens"],
-                          capture_output=True, text=True, timeout=60)
+    show = subprocess.run(
+        [sys.executable, "-m", "polarproxy", "show", ep[:8], "--db", str(db), "--tokens"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert show.returncode == 0, show.stderr
     assert "list_files" in show.stdout and "Done." in show.stdout

@@ -16,8 +16,13 @@ CLI = [sys.executable, "-m", "polarproxy"]
 
 
 def record(stub_url, model, db, *cmd, **kw):
-    return subprocess.run([*CLI, "record", "--backend", stub_url, "--model", str(model), "--db", str(db), "--json",
-                           "--", *cmd], capture_output=True, text=True, timeout=120, **kw)
+    return subprocess.run(
+        [*CLI, "record", "--backend", stub_url, "--model", str(model), "--db", str(db), "--json", "--", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kw,
+    )
 
 
 def test_child_gets_the_proxy_environment_and_its_exit_code_is_returned(make_stub, tiny_model_dir, tmp_path):
@@ -36,7 +41,7 @@ def test_child_gets_the_proxy_environment_and_its_exit_code_is_returned(make_stu
     assert env["OPENAI_BASE_URL"] == proxy + "/v1"
     assert env["ANTHROPIC_BASE_URL"] == env["GOOGLE_GEMINI_BASE_URL"] == proxy
     assert all(env[k] for k in env)
-    summary = json.loads(r.stdout[r.stdout.index("{\n"):])
+    summary = json.loads(r.stdout[r.stdout.index("{\n") :])
     assert summary["episode_id"] == env["POLARPROXY_EPISODE"] and summary["exit_code"] == 3
 
 
@@ -51,7 +56,7 @@ def test_a_harness_call_through_record_lands_in_the_episode(make_stub, tiny_mode
     r = record(stub.url, tiny_model_dir, tmp_path / "r.db", sys.executable, "-c", script)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "All good."
-    summary = json.loads(r.stdout[r.stdout.index("{\n"):])
+    summary = json.loads(r.stdout[r.stdout.index("{\n") :])
     assert summary["calls"] == 1 and summary["statuses"] == {"ok": 1}
     assert "1 calls" not in r.stderr  # --json replaces the human summary
 
@@ -59,9 +64,23 @@ def test_a_harness_call_through_record_lands_in_the_episode(make_stub, tiny_mode
 def test_sigterm_is_passed_to_the_child_and_reflected_in_the_exit_code(make_stub, tiny_model_dir, tmp_path):
     stub = make_stub()
     proc = subprocess.Popen(
-        [*CLI, "record", "--backend", stub.url, "--model", str(tiny_model_dir), "--db", str(tmp_path / "s.db"), "--",
-         sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *CLI,
+            "record",
+            "--backend",
+            stub.url,
+            "--model",
+            str(tiny_model_dir),
+            "--db",
+            str(tmp_path / "s.db"),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout.readline().strip() == "ready"
     t0 = time.time()
@@ -82,20 +101,44 @@ def test_missing_command_is_not_found_with_exit_127(make_stub, tiny_model_dir, t
     [
         (["--model", "."], "Error: No backend given.", "--backend URL"),
         (["--backend", "http://127.0.0.1:9"], "Error: No model folder given.", "--model DIR"),
-        (["--backend", "http://127.0.0.1:9", "--model", "/nonexistent/model"], "does not exist", "tiny-model"),
+        (
+            ["--backend", "http://127.0.0.1:9", "--model", "/nonexistent/model"],
+            "does not exist",
+            "tiny-model",
+        ),
     ],
 )
 def test_refusals_before_start_say_what_and_what_next(args, message, hint, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLARPROXY_")}
-    r = subprocess.run([*CLI, "record", *args, "--db", str(tmp_path / "x.db"), "--", "true"],
-                       capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [*CLI, "record", *args, "--db", str(tmp_path / "x.db"), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 1
     assert message in r.stderr and hint in r.stderr
 
 
 def test_unreachable_backend_is_refused_at_start(tiny_model_dir, tmp_path):
-    r = subprocess.run([*CLI, "record", "--backend", "http://127.0.0.1:9", "--model", str(tiny_model_dir),
-                        "--db", str(tmp_path / "x.db"), "--", "true"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            *CLI,
+            "record",
+            "--backend",
+            "http://127.0.0.1:9",
+            "--model",
+            str(tiny_model_dir),
+            "--db",
+            str(tmp_path / "x.db"),
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     assert "unreachable" in r.stderr and "polarproxy backend" in r.stderr
 
@@ -109,15 +152,30 @@ def test_unopenable_database_is_refused(make_stub, tiny_model_dir, tmp_path):
 
 
 def test_unknown_export_strategy_names_the_allowed_values(tmp_path):
-    r = subprocess.run([*CLI, "export", "--strategy", "prefix", "--out", str(tmp_path / "o.jsonl"),
-                        "--db", str(tmp_path / "e.db")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            *CLI,
+            "export",
+            "--strategy",
+            "prefix",
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--db",
+            str(tmp_path / "e.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     assert "Unknown strategy 'prefix'. Must be one of 'per-request'." in r.stderr
 
 
 def test_help_imports_no_heavy_module():
-    code = ("import sys; from polarproxy.cli import app; from typer.testing import CliRunner;"
-            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output;"
-            "heavy = [m for m in ('torch', 'transformers', 'mitmproxy') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys; from polarproxy.cli import app; from typer.testing import CliRunner;"
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output;"
+        "heavy = [m for m in ('torch', 'transformers', 'mitmproxy') if m in sys.modules]; print(heavy)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stderr

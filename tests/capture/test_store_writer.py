@@ -13,9 +13,18 @@ from polarproxy.store.store import Store
 
 
 def start(episode: str, i: int) -> CallStart:
-    return CallStart(episode_id=episode, dialect="openai_chat", method="POST", path="/v1/chat/completions",
-                     model="m", stream=False, request_headers={}, request_body=f"{i}", conversation=None,
-                     prompt_ids=[i, i + 1])
+    return CallStart(
+        episode_id=episode,
+        dialect="openai_chat",
+        method="POST",
+        path="/v1/chat/completions",
+        model="m",
+        stream=False,
+        request_headers={},
+        request_body=f"{i}",
+        conversation=None,
+        prompt_ids=[i, i + 1],
+    )
 
 
 async def test_concurrent_writes_are_grouped_and_all_committed(tmp_path):
@@ -24,8 +33,12 @@ async def test_concurrent_writes_are_grouped_and_all_committed(tmp_path):
     ep = await writer.create_episode(EpisodeStart(command=["x"]))
     began = await asyncio.gather(*(writer.begin_call(start(ep, i)) for i in range(200)))
     assert sorted(seq for _, seq in began) == list(range(200))
-    await asyncio.gather(*(writer.finish_call(cid, CallResult(status="ok", output_ids=[7], output_logprobs=[-0.5]))
-                           for cid, _ in began))
+    await asyncio.gather(
+        *(
+            writer.finish_call(cid, CallResult(status="ok", output_ids=[7], output_logprobs=[-0.5]))
+            for cid, _ in began
+        )
+    )
     writer.close()
     reopened = Store.open(tmp_path / "w.db")  # another connection sees every row: they were committed
     calls = reopened.list_calls(ep)

@@ -61,7 +61,10 @@ def test_aider_temperature_zero_is_kept(traffic):
         ({"messages": [{"role": "wizard", "content": "x"}]}, "Unknown role 'wizard'"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "'image_url'"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n=3"),
-        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "max_tokens must be a number"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"},
+            "max_tokens must be a number",
+        ),
     ],
 )
 def test_bad_requests_name_the_bad_value(body, fragment):
@@ -95,12 +98,27 @@ def test_stream_is_read_back_by_the_openai_sdk_accumulator():
     from openai.lib.streaming.chat import ChatCompletionStreamState
     from openai.types.chat import ChatCompletionChunk
 
-    conv = CHAT.parse({"messages": [{"role": "user", "content": "x"}], "stream": True,
-                       "stream_options": {"include_usage": True}})
+    conv = CHAT.parse(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     w = CHAT.stream_writer(conv, response_id="chatcmpl-1", model="m", created=1)
     c = completion()
-    raw = w.start() + w.events([ReasoningDelta("thou"), ReasoningDelta("ght"), TextDelta("Done."),
-                                 ToolCallEvent(0, c.tool_calls[0])]) + w.finish(c)
+    raw = (
+        w.start()
+        + w.events(
+            [
+                ReasoningDelta("thou"),
+                ReasoningDelta("ght"),
+                TextDelta("Done."),
+                ToolCallEvent(0, c.tool_calls[0]),
+            ]
+        )
+        + w.finish(c)
+    )
     events = SSEDecoder().decode(raw)
     assert events[-1].data == "[DONE]"
     state = ChatCompletionStreamState()

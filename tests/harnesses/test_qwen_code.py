@@ -20,8 +20,10 @@ SHARED = REPO.parent / "shared"
 QWEN = REPO / ".cache" / "harnesses" / "node_modules" / ".bin" / "qwen"
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not QWEN.exists(), reason="Qwen Code CLI not installed: `make harnesses` installs it "
-                       "(make test does this first)"),
+    pytest.mark.skipif(
+        not QWEN.exists(),
+        reason="Qwen Code CLI not installed: `make harnesses` installs it (make test does this first)",
+    ),
 ]
 
 
@@ -38,13 +40,35 @@ def test_qwen_code_exits_0_with_its_calls_recorded(backend, tiny_model_dir, tmp_
     db = tmp_path / "qwen.db"
     env = {**os.environ, "HOME": str(home), "OPENAI_MODEL": "tiny", "NO_COLOR": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "polarproxy", "record", "--backend", backend.url, "--model", str(tiny_model_dir),
-         "--db", str(db), "--harness", "qwen", "--json", "--",
-         str(QWEN), "-p", "List the files in the current directory, then say done.", "--yolo"],
-        cwd=ws, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "polarproxy",
+            "record",
+            "--backend",
+            backend.url,
+            "--model",
+            str(tiny_model_dir),
+            "--db",
+            str(db),
+            "--harness",
+            "qwen",
+            "--json",
+            "--",
+            str(QWEN),
+            "-p",
+            "List the files in the current directory, then say done.",
+            "--yolo",
+        ],
+        cwd=ws,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
     )
     assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
-    summary = json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"'):])
+    summary = json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"') :])
     store = Store.open(str(db))
     calls = store.list_calls(summary["episode_id"])
     assert calls, "Qwen Code made no model call through the proxy"

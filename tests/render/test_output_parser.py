@@ -13,7 +13,12 @@ def ids():
 
 CASES = {
     "plain": ("Hello there.", None, "Hello there.", []),
-    "reasoning_then_text": ("<think>\nLet me see.\n</think>\n\nThe answer is 4.", "Let me see.", "The answer is 4.", []),
+    "reasoning_then_text": (
+        "<think>\nLet me see.\n</think>\n\nThe answer is 4.",
+        "Let me see.",
+        "The answer is 4.",
+        [],
+    ),
     "tool_call": (
         '<tool_call>\n{"name": "list_files", "arguments": {"path": "."}}\n</tool_call>',
         None,
@@ -81,6 +86,7 @@ def test_text_is_not_streamed_past_a_partial_tag():
 
 
 def test_length_finish_is_kept_even_with_a_tool_call():
-    c = parse_output('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', new_call_id=ids(),
-                     finish_reason="length")
+    c = parse_output(
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', new_call_id=ids(), finish_reason="length"
+    )
     assert c.finish_reason == "length"
