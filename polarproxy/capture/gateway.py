@@ -114,7 +114,7 @@ class Gateway:
             seed=s.seed,
         )
 
-    def _text_ids(self, gen: Generation, ids: list[int]) -> list[int]:
+    def shown_ids(self, gen: Generation, ids: list[int]) -> list[int]:
         """The new IDs that become text: a matched stop token is kept in the record, not shown."""
         if gen.finish_reason == "stop" and ids and gen.output_ids and ids[-1] == gen.output_ids[-1]:
             last = gen.output_ids[-1]
@@ -381,7 +381,7 @@ class _CallRun:
         assert gen is not None and gen.finish_reason is not None
         self.first_token_at = time.perf_counter()
         trimmer = StopTrimmer(params.stop)
-        text = trimmer.push(gw.renderer.decode(gw._text_ids(gen, gen.output_ids)))
+        text = trimmer.push(gw.renderer.decode(gw.shown_ids(gen, gen.output_ids)))
         text += trimmer.finish(gen.matched_stop)
         parser = OutputParser(new_call_id=new_tool_call_id)
         parser.feed(text)
@@ -410,7 +410,7 @@ class _CallRun:
                     await self._head(200, SSE_HEADERS)
                     await self._send(writer.start())
                     self._arm_keepalive()
-                text = detok.push(gw._text_ids(gen, gen.new_ids))
+                text = detok.push(gw.shown_ids(gen, gen.new_ids))
                 if gen.finish_reason is not None:
                     text += detok.flush()
                     text = trimmer.push(text) + trimmer.finish(gen.matched_stop)

@@ -20,7 +20,7 @@ from pathlib import Path
 from polarproxy.backends.base import BackendError
 from polarproxy.backends.sglang import SGLangBackend
 from polarproxy.capture.gateway import Gateway, GatewayOptions
-from polarproxy.capture.proxy import start_proxy
+from polarproxy.capture.proxy import RunningProxy, start_proxy
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
 from polarproxy.render.renderer import Renderer
@@ -74,14 +74,16 @@ class RecordOutcome:
 
 
 @dataclass
-class _Stack:
+class Stack:
+    """What a running proxy is made of: the store and its writer thread, the renderer, the gateway."""
+
     store: Store
     writer: StoreWriter
     gateway: Gateway
     renderer: Renderer
 
 
-async def _open(cfg: ProxyConfig) -> _Stack:
+async def open_stack(cfg: ProxyConfig) -> Stack:
     renderer = Renderer(cfg.model)
     try:
         store = Store.open(cfg.db)
@@ -108,19 +110,16 @@ async def _open(cfg: ProxyConfig) -> _Stack:
         store=writer,
         options=GatewayOptions(max_tokens_default=cfg.max_tokens_default, keepalive_s=cfg.keepalive_s),
     )
-    return _Stack(store=store, writer=writer, gateway=gateway, renderer=renderer)
+    return Stack(store=store, writer=writer, gateway=gateway, renderer=renderer)
 
 
-async def _close(stack: _Stack) -> None:
+async def close_stack(stack: Stack) -> None:
     await stack.gateway.backend.aclose()
     stack.writer.close()
 
 
-async def record(
-    cfg: ProxyConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
-) -> RecordOutcome:
-    """Run `command` as one recorded episode. Returns the child's exit code (128+N for signal N)."""
-    stack = await _open(cfg)
+async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> tuple[str, RunningProxy]:
+    """Create the episode that calls without one go to, and start mitmproxy with the recorder."""
     episode_id = await stack.writer.create_episode(
         EpisodeStart(
             command=command,
@@ -139,6 +138,15 @@ async def record(
         host=cfg.host,
         port=cfg.port,
     )
+    return episode_id, proxy
+
+
+async def record(
+    cfg: ProxyConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
+) -> RecordOutcome:
+    """Run `command` as one recorded episode. Returns the child's exit code (128+N for signal N)."""
+    stack = await open_stack(cfg)
+    episode_id, proxy = await _start_episode(stack, cfg, command)
     if on_ready:
         on_ready(proxy.url, episode_id)
     loop = asyncio.get_running_loop()
@@ -163,7 +171,7 @@ async def record(
             loop.remove_signal_handler(sig)
         await proxy.stop()
         await stack.writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
-        await _close(stack)
+        await close_stack(stack)
     return RecordOutcome(exit_code=rc, episode_id=episode_id, db=str(stack.store.url))
 
 
@@ -176,25 +184,8 @@ async def serve(
     cfg: ProxyConfig, *, on_ready: Callable[[str, str], None] | None = None, stop: asyncio.Event | None = None
 ) -> str:
     """Serve until SIGINT/SIGTERM (or `stop`). Calls without an episode go to one new episode."""
-    stack = await _open(cfg)
-    episode_id = await stack.writer.create_episode(
-        EpisodeStart(
-            command=["serve"],
-            harness=cfg.harness,
-            cwd=os.getcwd(),
-            task=cfg.task,
-            group_id=cfg.group_id,
-            metadata=dict(cfg.metadata),
-        )
-    )
-    proxy = await start_proxy(
-        stack.gateway,
-        writer=stack.writer,
-        default_episode=episode_id,
-        model_name=stack.renderer.model_dir.name,
-        host=cfg.host,
-        port=cfg.port,
-    )
+    stack = await open_stack(cfg)
+    episode_id, proxy = await _start_episode(stack, cfg, ["serve"])
     if on_ready:
         on_ready(proxy.url, episode_id)
     stop = stop or asyncio.Event()
@@ -208,5 +199,5 @@ async def serve(
             loop.remove_signal_handler(sig)
         await proxy.stop()
         await stack.writer.finish_episode(episode_id, status="ok", exit_code=None)
-        await _close(stack)
+        await close_stack(stack)
     return episode_id

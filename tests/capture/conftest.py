@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from polarproxy.capture.proxy import start_proxy
-from polarproxy.capture.runner import ProxyConfig, _close, _open
+from polarproxy.capture.runner import ProxyConfig, close_stack, open_stack
 from polarproxy.store.records import EpisodeStart
 
 
@@ -37,7 +37,7 @@ class ProxyThread:
 
     async def _main(self) -> None:
         try:
-            self.stack = await _open(self.cfg)
+            self.stack = await open_stack(self.cfg)
             self.episode_id = await self.stack.writer.create_episode(EpisodeStart(command=["test"]))
             self.proxy = await start_proxy(
                 self.stack.gateway,
@@ -54,7 +54,7 @@ class ProxyThread:
         self.ready.set()
         await self._stop.wait()
         await self.proxy.stop()
-        await _close(self.stack)
+        await close_stack(self.stack)
 
     def stop(self) -> None:
         if self._stop is not None:

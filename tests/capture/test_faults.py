@@ -163,3 +163,18 @@ def test_an_unwritable_store_refuses_to_serve_and_says_why(make_stub, make_proxy
         r = httpx.post(proxy.url + CHAT, json={**BODY, "stream": stream}, timeout=30)
         assert r.status_code == 503
         assert r.json()["error"]["code"] == "store_unavailable"
+
+
+def test_tokens_reach_the_harness_while_the_backend_is_still_generating(make_stub, make_proxy):
+    stub = make_stub("one two three four five six seven eight nine ten", per_token_ms=150)
+    proxy = make_proxy(stub.url)
+    seen: list[tuple[float, str]] = []
+    dec = SSEDecoder()
+    with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
+        for chunk in r.iter_raw():
+            for ev in dec.decode(chunk):
+                seen.append((time.monotonic(), ev.data))
+    contents = [t for t, data in seen if '"content":"' in data and '"content":""' not in data]
+    done_at = seen[-1][0]
+    assert len(contents) >= 5  # one delta per token or so, not one blob at the end
+    assert done_at - contents[0] > 0.8  # the first words arrived about 1.5 s before the last token was sampled
