@@ -113,3 +113,19 @@ def backend(tiny_model_dir: Path) -> Iterator[BackendProcess]:
     b = start_backend(tiny_model_dir, "--max-new-tokens-limit", "256")
     yield b
     b.kill()
+
+
+@pytest.fixture
+def make_backend():
+    """make_backend(model_dir, *flags) -> a `polarproxy backend` subprocess, killed at teardown."""
+    started: list[BackendProcess] = []
+
+    def make(model_dir: Path, *extra: str) -> BackendProcess:
+        b = start_backend(model_dir, *extra)
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        if b.proc.poll() is None:
+            b.kill()

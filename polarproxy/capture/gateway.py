@@ -32,15 +32,15 @@ JSON_HEADERS = {"content-type": "application/json"}
 # Prompts longer than this are tokenized in a worker thread (the tokenizer releases the GIL there), so one
 # long request does not hold up the streams of the others; short ones are cheaper inline.
 INLINE_RENDER_CHARS = 16_384
-_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def random_id(n: int = 24) -> str:
-    return "".join(secrets.choice(_ALPHABET) for _ in range(n))
+def random_id() -> str:
+    """24 random hex characters (one read of the OS's random source)."""
+    return secrets.token_hex(12)
 
 
 def new_tool_call_id() -> str:
-    return "call_" + random_id(24)
+    return "call_" + random_id()
 
 
 class ClientGone(Exception):
@@ -195,7 +195,7 @@ class _CallRun:
         self.prompt_ids = prompt_ids
         self.sink = sink
         self.dialect = call.dialect
-        self.response_id = "chatcmpl-" + random_id(24)
+        self.response_id = "chatcmpl-" + random_id()
         self.created = int(time.time())
         self.model = call.conversation.model or self.gw.renderer.model_dir.name
         self.gen: Generation | None = None

@@ -177,4 +177,27 @@ def test_tokens_reach_the_harness_while_the_backend_is_still_generating(make_stu
     contents = [t for t, data in seen if '"content":"' in data and '"content":""' not in data]
     done_at = seen[-1][0]
     assert len(contents) >= 5  # one delta per token or so, not one blob at the end
-    assert done_at - contents[0] > 0.8  # the first words arrived about 1.5 s before the last token was sampled
+    assert (
+        done_at - contents[0] > 0.8
+    )  # the first words arrived about 1.5 s before the last token was sampled
+
+
+def test_the_real_backend_process_killed_mid_stream(random_model_dir, make_backend, make_proxy):
+    backend = make_backend(random_model_dir)
+    proxy = make_proxy(backend.url)
+    body = {**BODY, "stream": True, "max_tokens": 4000, "temperature": 1.0, "seed": 1}
+    got = b""
+    with httpx.stream("POST", proxy.url + CHAT, json=body, timeout=60) as r:
+        it = r.iter_raw()
+        while got.count(b"data: ") < 5:
+            got += next(it)
+        backend.kill()  # SIGKILL, mid-answer
+        for chunk in it:
+            got += chunk
+    last = orjson.loads(SSEDecoder().decode(got)[-1].data)
+    assert last["error"]["code"] == "backend_disconnected"
+    (c,) = calls(proxy)
+    assert c.status == "failed" and c.error.startswith("backend_disconnected")
+    assert 0 < len(c.output_ids) == len(c.output_logprobs) < 4000
+    r2 = httpx.post(proxy.url + CHAT, json=BODY, timeout=30)  # still serving: a clean error now
+    assert r2.status_code == 503 and r2.json()["error"]["code"] == "backend_unreachable"
