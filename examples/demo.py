@@ -117,7 +117,11 @@ def main() -> int:
 
 
 def teacher_forced_check(rows_path: Path) -> float:
+    from transformers.utils import logging as hf_logging
+
     from polarproxy.backends.local.model_runner import ModelRunner
+
+    hf_logging.disable_progress_bar()
 
     runner = ModelRunner(TINY)
     worst = 0.0

@@ -104,7 +104,8 @@ def _messages(call: Call) -> list[tuple[str, str]]:
 
 def _short(text: str, limit: int = 300) -> str:
     text = text.strip()
-    return text if len(text) <= limit else text[:limit] + f"… (+{len(text) - limit} chars)"
+    text = text if len(text) <= limit else text[:limit] + f"… (+{len(text) - limit} chars)"
+    return text.replace("\n", "\n    ")
 
 
 def render_episode(
@@ -137,10 +138,10 @@ def render_episode(
         if c.error:
             console.print(Text(f"  error: {c.error}", style="red"))
         msgs = _messages(c)
-        for role, text in msgs[-3:] if len(msgs) > 3 else msgs:
-            console.print(Text.assemble((f"  {role}: ", "bold magenta"), _short(text)))
         if len(msgs) > 3:
             console.print(Text(f"  ({len(msgs) - 3} earlier messages)", style="dim"))
+        for role, text in msgs[-3:]:
+            console.print(Text.assemble((f"  {role}: ", "bold magenta"), _short(text)))
         if c.completion:
             comp = c.completion
             reply = comp.get("text") or ""

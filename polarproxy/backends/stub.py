@@ -46,6 +46,7 @@ class StubBackend:
     def __init__(self, cfg: StubConfig) -> None:
         self.cfg = cfg
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -56,10 +57,13 @@ class StubBackend:
     async def stop(self) -> None:
         if self._server:
             self._server.close()
+            for w in list(self._writers):  # open keep-alive connections would hold wait_closed() forever
+                w.close()
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+                await asyncio.wait_for(self._server.wait_closed(), 5)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -77,6 +81,7 @@ class StubBackend:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     async def _route(self, method: str, path: str, body: dict, w: asyncio.StreamWriter) -> bool:

@@ -179,3 +179,40 @@ def test_help_imports_no_heavy_module():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stderr
+
+
+def test_serve_stops_on_sigint_while_a_client_holds_a_keepalive_connection(
+    make_stub, tiny_model_dir, tmp_path
+):
+    import re
+
+    import httpx
+
+    stub = make_stub()
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "serve",
+            "--backend",
+            stub.url,
+            "--model",
+            str(tiny_model_dir),
+            "--db",
+            str(tmp_path / "s.db"),
+            "--port",
+            "0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stderr.readline()
+    url = re.search(r"recording on (http://\S+) ", line).group(1)
+    with httpx.Client(timeout=30) as client:  # keeps its connection open across the SIGINT
+        assert (
+            client.post(
+                url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+            ).status_code
+            == 200
+        )
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(15) == 0
