@@ -29,6 +29,15 @@ class RunningProxy:
             await self.task
 
 
+def _gateway_addons() -> list[object]:
+    """The mitmproxy addons a reverse-mode gateway needs. mitmproxy's default set (~30) receives every hook
+    of every flow; most of it (playback, map-local, anticache, cut, export, ...) does nothing here."""
+    from mitmproxy.addons import core, dns_resolver, next_layer, proxyserver, tlsconfig
+
+    return [core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
+            dns_resolver.DnsResolver()]
+
+
 class _Ready:
     """Signals when mitmproxy's servers are up (the `running` hook fires after setup)."""
 
@@ -49,14 +58,13 @@ async def start_proxy(
     port: int = 0,
     confdir: Path | None = None,
 ) -> RunningProxy:
-    from mitmproxy import addons
     from mitmproxy.master import Master
     from mitmproxy.options import Options
 
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
     opts = Options()
     master = Master(opts, with_termlog=False)
-    master.addons.add(*addons.default_addons())
+    master.addons.add(*_gateway_addons())
     recorder = Recorder(
         gateway=gateway,
         writer=writer,
