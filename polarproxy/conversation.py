@@ -34,6 +34,16 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "content": self.content,
+            "reasoning": self.reasoning,
+            "tool_calls": [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in self.tool_calls],
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+        }
+
 
 @dataclass(slots=True)
 class Tool:
@@ -69,7 +79,16 @@ class Conversation:
     tool_choice: str | dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data for JSON (nested objects are shared, not copied: this runs on every call)."""
+        return {
+            "messages": [m.to_dict() for m in self.messages],
+            "tools": [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in self.tools],
+            "sampling": asdict(self.sampling),
+            "model": self.model,
+            "stream": self.stream,
+            "include_usage": self.include_usage,
+            "tool_choice": self.tool_choice,
+        }
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Conversation:
