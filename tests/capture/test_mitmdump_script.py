@@ -1,0 +1,74 @@
+"""The thin addon script in a real `mitmdump -s addons/polarproxy_recorder.py`, against a real backend double."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polarproxy.store.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+MITMDUMP = Path(sys.executable).parent / "mitmdump"
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mitmdump_loads_the_recorder_and_records_calls(make_stub, tiny_model_dir, tmp_path):
+    stub = make_stub("Recorded through mitmdump.")
+    port = free_port()
+    db = tmp_path / "m.db"
+    proc = subprocess.Popen(
+        [str(MITMDUMP), "-q", "--listen-host", "127.0.0.1", "-p", str(port), "--mode", f"reverse:{stub.url}",
+         "-s", str(REPO / "addons" / "polarproxy_recorder.py"), "--set", f"polarproxy_model={tiny_model_dir}",
+         "--set", f"polarproxy_db={db}", "--set", "polarproxy_episode=ep_mitmdump",
+         "--set", f"confdir={tmp_path / 'mitm'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        deadline = time.time() + 60
+        while True:
+            try:
+                r = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}]},
+                               headers={"authorization": "Bearer sk-mitmdump-secret"}, timeout=30)
+                break
+            except httpx.ConnectError:
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+                time.sleep(0.3)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "Recorded through mitmdump."
+        with httpx.stream("POST", url, json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
+                          timeout=30) as s:
+            assert s.headers["content-type"] == "text/event-stream"
+            body = s.read()
+        assert body.endswith(b"data: [DONE]\n\n")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    calls = Store.open(str(db)).list_calls("ep_mitmdump")
+    assert [(c.status, c.stream) for c in calls] == [("ok", False), ("ok", True)]
+    assert calls[0].request_headers["authorization"] == "<redacted>"
+    for f in tmp_path.glob("m.db*"):
+        assert b"sk-mitmdump-secret" not in f.read_bytes()
+
+
+def test_mitmdump_without_a_model_option_refuses_to_start(tmp_path):
+    r = subprocess.run(
+        [str(MITMDUMP), "-q", "-p", str(free_port()), "--mode", "reverse:http://127.0.0.1:9",
+         "-s", str(REPO / "addons" / "polarproxy_recorder.py"), "--set", f"polarproxy_db={tmp_path / 'x.db'}",
+         "--set", f"confdir={tmp_path / 'mitm'}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode != 0
+    assert "polarproxy_model is not set" in r.stdout + r.stderr
