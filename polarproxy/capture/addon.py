@@ -198,12 +198,15 @@ class Recorder:
             self.responder.abort(flow.metadata[META_KEY])
 
     def _answer_other(self, flow: http.HTTPFlow, method: str, path: str) -> None:
-        if method == "GET" and path.rstrip("/").endswith("/models"):
-            body = {
-                "object": "list",
-                "data": [{"id": self.model_name, "object": "model", "owned_by": "polarproxy"}],
-            }
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "polarproxy"}
+        bare = path.rstrip("/")
+        if method == "GET" and bare.endswith("/models"):
+            body = {"object": "list", "data": [model]}
             flow.response = http.Response.make(200, orjson.dumps(body), JSON_HEADERS)
+            return
+        if method == "GET" and "/models/" in bare:  # any name: the proxy serves whatever model the backend has
+            model["id"] = bare.rsplit("/models/", 1)[1]
+            flow.response = http.Response.make(200, orjson.dumps(model), JSON_HEADERS)
             return
         msg = (
             f"Unknown route {method} {path}. polarproxy serves: {', '.join(served_routes())}, GET /v1/models."

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from polarproxy.capture.addon import Recorder
 from polarproxy.capture.gateway import Gateway
+from polarproxy.errors import UsageError
 
 
 @dataclass
@@ -89,11 +90,12 @@ async def start_proxy(
     if task in done:
         waiter.cancel()
         task.result()
-        raise RuntimeError("mitmproxy stopped during startup")
+        raise UsageError("mitmproxy stopped while starting.", hint="Run again with a free --port; see the log above.")
     ps = master.addons.get("proxyserver")
     addrs = ps.listen_addrs()
     if not addrs:
         master.shutdown()
         await task
-        raise RuntimeError(f"mitmproxy could not listen on {host}:{port}")
+        raise UsageError(f"The proxy cannot listen on {host}:{port} (in use, or not an address of this machine).",
+                         hint="Pick another --port, or 0 for any free port.")
     return RunningProxy(port=addrs[0][1], master=master, task=task, recorder=recorder)

@@ -130,14 +130,19 @@ async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> 
             metadata=dict(cfg.metadata),
         )
     )
-    proxy = await start_proxy(
-        stack.gateway,
-        writer=stack.writer,
-        default_episode=episode_id,
-        model_name=stack.renderer.model_dir.name,
-        host=cfg.host,
-        port=cfg.port,
-    )
+    try:
+        proxy = await start_proxy(
+            stack.gateway,
+            writer=stack.writer,
+            default_episode=episode_id,
+            model_name=stack.renderer.model_dir.name,
+            host=cfg.host,
+            port=cfg.port,
+        )
+    except BaseException:
+        await stack.writer.finish_episode(episode_id, status="failed", exit_code=None)
+        await close_stack(stack)
+        raise
     return episode_id, proxy
 
 

@@ -93,6 +93,9 @@ async def test_unknown_route_and_models_list_are_answered_without_a_record(confi
     f = tflow.tflow(req=tutils.treq(method=b"GET", path=b"/v1/models"))
     await addon.request(f)
     assert orjson.loads(f.response.content)["data"][0]["object"] == "model"
+    m = tflow.tflow(req=tutils.treq(method=b"GET", path=b"/v1/models/gpt-x"))
+    await addon.request(m)
+    assert orjson.loads(m.response.content)["id"] == "gpt-x"
     g = tflow.tflow(req=tutils.treq(method=b"DELETE", path=b"/v1/files/1"))
     await addon.request(g)
     assert g.response.status_code == 404
