@@ -33,6 +33,7 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
+    signature: str | None = None  # opaque reasoning signature a provider format carries back (see Completion)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,6 +43,7 @@ class Message:
             "tool_calls": [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in self.tool_calls],
             "tool_call_id": self.tool_call_id,
             "name": self.name,
+            "signature": self.signature,
         }
 
 
@@ -82,7 +84,9 @@ class Conversation:
         """Plain data for JSON (nested objects are shared, not copied: this runs on every call)."""
         return {
             "messages": [m.to_dict() for m in self.messages],
-            "tools": [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in self.tools],
+            "tools": [
+                {"name": t.name, "description": t.description, "parameters": t.parameters} for t in self.tools
+            ],
             "sampling": asdict(self.sampling),
             "model": self.model,
             "stream": self.stream,
@@ -126,13 +130,21 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: FinishReason = "stop"
     usage: Usage = field(default_factory=Usage)
+    # An opaque token the dialect sends with the answer where its format has one (Anthropic thinking
+    # `signature`, Responses `encrypted_content`, Gemini `thoughtSignature`); the harness sends it back with
+    # the assistant turn, which lets polarproxy recognise the turn it produced.
+    signature: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def as_message(self) -> Message:
         return Message(
-            role="assistant", content=self.text, reasoning=self.reasoning, tool_calls=list(self.tool_calls)
+            role="assistant",
+            content=self.text,
+            reasoning=self.reasoning,
+            tool_calls=list(self.tool_calls),
+            signature=self.signature,
         )
 
 

@@ -204,7 +204,9 @@ class Recorder:
             body = {"object": "list", "data": [model]}
             flow.response = http.Response.make(200, orjson.dumps(body), JSON_HEADERS)
             return
-        if method == "GET" and "/models/" in bare:  # any name: the proxy serves whatever model the backend has
+        if (
+            method == "GET" and "/models/" in bare
+        ):  # any name: the proxy serves whatever model the backend has
             model["id"] = bare.rsplit("/models/", 1)[1]
             flow.response = http.Response.make(200, orjson.dumps(model), JSON_HEADERS)
             return

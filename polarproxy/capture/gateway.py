@@ -18,7 +18,7 @@ from typing import Protocol
 
 from polarproxy.backends.base import Backend, BackendError, GenerateParams, Generation
 from polarproxy.conversation import Completion, Conversation, FinishReason, Usage
-from polarproxy.dialects.base import Dialect, StreamWriter
+from polarproxy.dialects.base import Dialect, StreamWriter, answer_signature
 from polarproxy.render.detokenize import IncrementalDetokenizer
 from polarproxy.render.output_parser import OutputParser
 from polarproxy.render.renderer import Renderer
@@ -27,7 +27,6 @@ from polarproxy.store.records import CallResult, CallStart
 
 log = logging.getLogger("polarproxy.gateway")
 
-SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 JSON_HEADERS = {"content-type": "application/json"}
 # Prompts longer than this are tokenized in a worker thread (the tokenizer releases the GIL there), so one
 # long request does not hold up the streams of the others; short ones are cheaper inline.
@@ -195,7 +194,7 @@ class _CallRun:
         self.prompt_ids = prompt_ids
         self.sink = sink
         self.dialect = call.dialect
-        self.response_id = "chatcmpl-" + random_id()
+        self.response_id = random_id()  # the dialect adds its prefix (chatcmpl-, msg_, resp_, ...)
         self.created = int(time.time())
         self.model = call.conversation.model or self.gw.renderer.model_dir.name
         self.gen: Generation | None = None
@@ -386,6 +385,7 @@ class _CallRun:
         parser = OutputParser(new_call_id=new_tool_call_id)
         parser.feed(text)
         _, completion = parser.finish(_finish_reason(gen), self._usage())
+        completion.signature = answer_signature(self.response_id)
         body = self.dialect.response(
             completion, response_id=self.response_id, model=self.model, created=self.created
         )
@@ -397,7 +397,11 @@ class _CallRun:
         conv = self.call.conversation
         params = gw.params(conv)
         writer = self._writer = self.dialect.stream_writer(
-            conv, response_id=self.response_id, model=self.model, created=self.created
+            conv,
+            response_id=self.response_id,
+            model=self.model,
+            created=self.created,
+            prompt_tokens=len(self.prompt_ids),
         )
         detok = IncrementalDetokenizer(gw.renderer.decode)
         trimmer = StopTrimmer(params.stop)
@@ -407,7 +411,7 @@ class _CallRun:
                 self.gen = gen
                 if not self.started:
                     self.first_token_at = time.perf_counter()
-                    await self._head(200, SSE_HEADERS)
+                    await self._head(200, {"content-type": writer.content_type, "cache-control": "no-cache"})
                     await self._send(writer.start())
                     self._arm_keepalive()
                 text = detok.push(gw.shown_ids(gen, gen.new_ids))
@@ -426,6 +430,7 @@ class _CallRun:
         gen = self.gen
         assert gen is not None and gen.finish_reason is not None
         events, completion = parser.finish(_finish_reason(gen), self._usage())
+        completion.signature = answer_signature(self.response_id)
         tail = writer.events(events) + writer.finish(completion)
         await self._finish(
             self._ok_result(completion, b"".join([*self.body_parts, tail]))

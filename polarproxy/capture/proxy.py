@@ -35,8 +35,13 @@ def _gateway_addons() -> list[object]:
     of every flow; most of it (playback, map-local, anticache, cut, export, ...) does nothing here."""
     from mitmproxy.addons import core, dns_resolver, next_layer, proxyserver, tlsconfig
 
-    return [core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(), tlsconfig.TlsConfig(),
-            dns_resolver.DnsResolver()]
+    return [
+        core.Core(),
+        proxyserver.Proxyserver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        dns_resolver.DnsResolver(),
+    ]
 
 
 class _Ready:
@@ -90,12 +95,16 @@ async def start_proxy(
     if task in done:
         waiter.cancel()
         task.result()
-        raise UsageError("mitmproxy stopped while starting.", hint="Run again with a free --port; see the log above.")
+        raise UsageError(
+            "mitmproxy stopped while starting.", hint="Run again with a free --port; see the log above."
+        )
     ps = master.addons.get("proxyserver")
     addrs = ps.listen_addrs()
     if not addrs:
         master.shutdown()
         await task
-        raise UsageError(f"The proxy cannot listen on {host}:{port} (in use, or not an address of this machine).",
-                         hint="Pick another --port, or 0 for any free port.")
+        raise UsageError(
+            f"The proxy cannot listen on {host}:{port} (in use, or not an address of this machine).",
+            hint="Pick another --port, or 0 for any free port.",
+        )
     return RunningProxy(port=addrs[0][1], master=master, task=task, recorder=recorder)

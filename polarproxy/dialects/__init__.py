@@ -7,20 +7,20 @@ from polarproxy.dialects.openai_chat import OpenAIChat
 
 OPENAI_CHAT = OpenAIChat()
 
-# (method, path suffix) -> dialect. Paths may carry a prefix such as /v1 or /openai/v1.
-ROUTES: list[tuple[str, str, Dialect]] = [("POST", "/chat/completions", OPENAI_CHAT)]
+# Every dialect the proxy serves, asked in order. Paths may carry a prefix such as /v1 or /openai/v1.
+DIALECTS: list[Dialect] = [OPENAI_CHAT]
 
 
 def route(method: str, path: str) -> Dialect | None:
     """The dialect that serves `method path` (query string excluded), or None."""
-    for m, suffix, dialect in ROUTES:
-        if method == m and path.rstrip("/").endswith(suffix):
+    for dialect in DIALECTS:
+        if dialect.matches(method, path):
             return dialect
     return None
 
 
 def served_routes() -> list[str]:
-    return [f"{m} {suffix}" for m, suffix, _ in ROUTES]
+    return [r for d in DIALECTS for r in d.routes]
 
 
-__all__ = ["OPENAI_CHAT", "Dialect", "DialectError", "StreamWriter", "route", "served_routes"]
+__all__ = ["DIALECTS", "OPENAI_CHAT", "Dialect", "DialectError", "StreamWriter", "route", "served_routes"]

@@ -7,6 +7,12 @@ from typing import Any, Protocol
 from polarproxy.conversation import Completion, Conversation, StreamEvent
 
 
+def answer_signature(response_id: str) -> str:
+    """The opaque signature polarproxy gives an answer (Completion.signature): stream writers, which see
+    the completion only at the end, derive the same value from the response ID they were built with."""
+    return f"polarproxy:{response_id}"
+
+
 class DialectError(Exception):
     """A request the dialect cannot turn into a conversation. Sent to the harness as a provider error."""
 
@@ -19,6 +25,9 @@ class DialectError(Exception):
 
 class StreamWriter(Protocol):
     """Builds one streamed response, chunk by chunk, in the dialect's own event format."""
+
+    content_type: str
+    """The response's content type (`text/event-stream` for SSE)."""
 
     def start(self) -> bytes: ...
 
@@ -38,6 +47,13 @@ class StreamWriter(Protocol):
 class Dialect(Protocol):
     name: str
     """Short name recorded with each call, e.g. 'openai_chat'."""
+
+    routes: tuple[str, ...]
+    """What it serves, for error messages, e.g. ('POST /v1/chat/completions',)."""
+
+    def matches(self, method: str, path: str) -> bool:
+        """Whether this dialect serves `method path` (path without the query string)."""
+        ...
 
     def parse(self, body: Any, *, path: str, query: dict[str, str]) -> Conversation:
         """A decoded JSON request body into a conversation; raises DialectError."""

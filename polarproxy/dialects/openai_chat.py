@@ -122,6 +122,10 @@ def _number(body: dict[str, Any], key: str, kind: type) -> Any:
 
 class OpenAIChat:
     name = "openai_chat"
+    routes = ("POST /v1/chat/completions",)
+
+    def matches(self, method: str, path: str) -> bool:
+        return method == "POST" and path.rstrip("/").endswith("/chat/completions")
 
     def parse(self, body: Any, *, path: str = "", query: dict[str, str] | None = None) -> Conversation:
         if not isinstance(body, dict):
@@ -163,7 +167,7 @@ class OpenAIChat:
             message["tool_calls"] = [_tool_call_json(t) for t in completion.tool_calls]
         return orjson.dumps(
             {
-                "id": response_id,
+                "id": "chatcmpl-" + response_id,
                 "object": "chat.completion",
                 "created": created,
                 "model": model,
@@ -175,7 +179,7 @@ class OpenAIChat:
         )
 
     def stream_writer(
-        self, conv: Conversation, *, response_id: str, model: str, created: int
+        self, conv: Conversation, *, response_id: str, model: str, created: int, prompt_tokens: int = 0
     ) -> ChatStreamWriter:
         return ChatStreamWriter(
             response_id=response_id, model=model, created=created, include_usage=conv.include_usage
@@ -207,9 +211,11 @@ def _usage(c: Completion) -> dict[str, int]:
 
 
 class ChatStreamWriter:
+    content_type = "text/event-stream"
+
     def __init__(self, *, response_id: str, model: str, created: int, include_usage: bool) -> None:
         self._head = {
-            "id": response_id,
+            "id": "chatcmpl-" + response_id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,

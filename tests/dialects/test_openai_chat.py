@@ -85,7 +85,8 @@ def completion():
 
 
 def test_non_streamed_response_shape():
-    body = orjson.loads(CHAT.response(completion(), response_id="chatcmpl-1", model="m", created=1))
+    body = orjson.loads(CHAT.response(completion(), response_id="1", model="m", created=1))
+    assert body["id"] == "chatcmpl-1"
     choice = body["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["content"] == "Done."
@@ -105,7 +106,7 @@ def test_stream_is_read_back_by_the_openai_sdk_accumulator():
             "stream_options": {"include_usage": True},
         }
     )
-    w = CHAT.stream_writer(conv, response_id="chatcmpl-1", model="m", created=1)
+    w = CHAT.stream_writer(conv, response_id="1", model="m", created=1)
     c = completion()
     raw = (
         w.start()
