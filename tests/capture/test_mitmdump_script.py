@@ -29,27 +29,50 @@ def test_mitmdump_loads_the_recorder_and_records_calls(make_stub, tiny_model_dir
     port = free_port()
     db = tmp_path / "m.db"
     proc = subprocess.Popen(
-        [str(MITMDUMP), "-q", "--listen-host", "127.0.0.1", "-p", str(port), "--mode", f"reverse:{stub.url}",
-         "-s", str(REPO / "addons" / "polarproxy_recorder.py"), "--set", f"polarproxy_model={tiny_model_dir}",
-         "--set", f"polarproxy_db={db}", "--set", "polarproxy_episode=ep_mitmdump",
-         "--set", f"confdir={tmp_path / 'mitm'}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(MITMDUMP),
+            "-q",
+            "--listen-host",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--mode",
+            f"reverse:{stub.url}",
+            "-s",
+            str(REPO / "addons" / "polarproxy_recorder.py"),
+            "--set",
+            f"polarproxy_model={tiny_model_dir}",
+            "--set",
+            f"polarproxy_db={db}",
+            "--set",
+            "polarproxy_episode=ep_mitmdump",
+            "--set",
+            f"confdir={tmp_path / 'mitm'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         deadline = time.time() + 60
         while True:
             try:
-                r = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}]},
-                               headers={"authorization": "Bearer sk-mitmdump-secret"}, timeout=30)
+                r = httpx.post(
+                    url,
+                    json={"messages": [{"role": "user", "content": "hi"}]},
+                    headers={"authorization": "Bearer sk-mitmdump-secret"},
+                    timeout=30,
+                )
                 break
             except httpx.ConnectError:
                 assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
                 time.sleep(0.3)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == "Recorded through mitmdump."
-        with httpx.stream("POST", url, json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
-                          timeout=30) as s:
+        with httpx.stream(
+            "POST", url, json={"messages": [{"role": "user", "content": "hi"}], "stream": True}, timeout=30
+        ) as s:
             assert s.headers["content-type"] == "text/event-stream"
             body = s.read()
         assert body.endswith(b"data: [DONE]\n\n")
@@ -65,10 +88,23 @@ def test_mitmdump_loads_the_recorder_and_records_calls(make_stub, tiny_model_dir
 
 def test_mitmdump_without_a_model_option_refuses_to_start(tmp_path):
     r = subprocess.run(
-        [str(MITMDUMP), "-q", "-p", str(free_port()), "--mode", "reverse:http://127.0.0.1:9",
-         "-s", str(REPO / "addons" / "polarproxy_recorder.py"), "--set", f"polarproxy_db={tmp_path / 'x.db'}",
-         "--set", f"confdir={tmp_path / 'mitm'}"],
-        capture_output=True, text=True, timeout=60,
+        [
+            str(MITMDUMP),
+            "-q",
+            "-p",
+            str(free_port()),
+            "--mode",
+            "reverse:http://127.0.0.1:9",
+            "-s",
+            str(REPO / "addons" / "polarproxy_recorder.py"),
+            "--set",
+            f"polarproxy_db={tmp_path / 'x.db'}",
+            "--set",
+            f"confdir={tmp_path / 'mitm'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode != 0
     assert "polarproxy_model is not set" in r.stdout + r.stderr

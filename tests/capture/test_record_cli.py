@@ -225,8 +225,24 @@ def test_a_port_in_use_is_refused_with_a_hint(make_stub, tiny_model_dir, tmp_pat
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        r = subprocess.run([*CLI, "record", "--backend", make_stub().url, "--model", str(tiny_model_dir), "--db",
-                            str(tmp_path / "p.db"), "--port", str(port), "--", "true"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                *CLI,
+                "record",
+                "--backend",
+                make_stub().url,
+                "--model",
+                str(tiny_model_dir),
+                "--db",
+                str(tmp_path / "p.db"),
+                "--port",
+                str(port),
+                "--",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "--port" in r.stderr
