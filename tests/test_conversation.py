@@ -10,7 +10,9 @@ def sample() -> Conversation:
     return Conversation(
         messages=[
             Message(role="system", content="s"),
-            Message(role="assistant", content="", reasoning="r", tool_calls=[ToolCall("c1", "f", '{"a": 1}')]),
+            Message(
+                role="assistant", content="", reasoning="r", tool_calls=[ToolCall("c1", "f", '{"a": 1}')]
+            ),
             Message(role="tool", content="out", tool_call_id="c1", name="f"),
         ],
         tools=[Tool(name="f", description="d", parameters={"type": "object", "properties": {"a": {}}})],
