@@ -278,16 +278,19 @@ class _CallRun:
         await self._send(body)
         await self._end()
 
-    async def _error_out(self, status: int, msg: str, code: str) -> bytes:
-        """End the response with an error: an error event mid-stream, else a provider error body."""
+    def _error_bytes(self, status: int, msg: str, code: str) -> bytes:
+        """How an error ends this response: an error event mid-stream, else a provider error body.
+        Built once per error: the record keeps exactly the bytes that are sent."""
         if self.started and self._writer is not None:
-            event = self._writer.error(msg, code)
-            await self._send(event)
+            return self._writer.error(msg, code)
+        return self.dialect.error(status, msg, code)
+
+    async def _send_error(self, status: int, data: bytes) -> None:
+        if self.started:
+            await self._send(data)
             await self._end()
-            return event
-        body = self.dialect.error(status, msg, code)
-        await self._respond(status, body)
-        return body
+        else:
+            await self._respond(status, data)
 
     def _arm_keepalive(self) -> None:
         interval = self.gw.options.keepalive_s
@@ -315,20 +318,17 @@ class _CallRun:
 
     async def _backend_failed(self, e: BackendError) -> None:
         status = e.status if e.status >= 400 else 502
-        was_streaming = self.started
-        body = self.dialect.error(status, e.message, e.kind)
-        if was_streaming:
-            assert self._writer is not None
-            body = b"".join([*self.body_parts, self._writer.error(e.message, e.kind)])
+        data = self._error_bytes(status, e.message, e.kind)
+        body = b"".join([*self.body_parts, data]) if self.started else data
         await self._finish(
             self._result(
                 "failed",
                 error=f"{e.kind}: {e.message}",
-                http_status=200 if was_streaming else status,
+                http_status=200 if self.started else status,
                 response_body=body.decode(),
             )
         )
-        await self._error_out(status, e.message, e.kind)
+        await self._send_error(status, data)
 
     async def store_failed(self, e: StoreUnavailable) -> None:
         self._stop_keepalive()
@@ -350,7 +350,7 @@ class _CallRun:
         with contextlib.suppress(Exception):
             await self._finish(self._result("failed", error=msg, http_status=500))
         with contextlib.suppress(Exception):
-            await self._error_out(500, msg, "internal_error")
+            await self._send_error(500, self._error_bytes(500, msg, "internal_error"))
 
     # -- the two ways of answering --------------------------------------------------------------
 

@@ -45,6 +45,8 @@ class ChunkedSink(Sink):
         self._w.write(("\r\n".join(lines) + "\r\n\r\n").encode())
 
     def send_nowait(self, data: bytes) -> None:
+        if not data:
+            return  # an empty chunk would end a chunked body
         if self._w.is_closing():
             raise ConnectionResetError("the proxy closed the connection")
         if self._chunked:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from polarproxy.dialects.anthropic import AnthropicMessages
 from polarproxy.dialects.base import Dialect, DialectError, StreamWriter
+from polarproxy.dialects.gemini import Gemini
 from polarproxy.dialects.openai_chat import OpenAIChat
+from polarproxy.dialects.openai_responses import OpenAIResponses
 
 OPENAI_CHAT = OpenAIChat()
 
 # Every dialect the proxy serves, asked in order. Paths may carry a prefix such as /v1 or /openai/v1.
-DIALECTS: list[Dialect] = [OPENAI_CHAT]
+DIALECTS: list[Dialect] = [OPENAI_CHAT, OpenAIResponses(), AnthropicMessages(), Gemini()]
 
 
 def route(method: str, path: str) -> Dialect | None:
