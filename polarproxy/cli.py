@@ -127,11 +127,23 @@ def backend(
     max_new_tokens_limit: Annotated[
         int | None, typer.Option(help="Cap every request's max_new_tokens (finish reason 'length').")
     ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option(help="Answer from this script (YAML/JSON) instead of sampling; logprobs stay the model's."),
+    ] = None,
 ) -> None:
     """Serve a transformers model over SGLang's /generate API (CPU, or GPU when present)."""
     if not model.is_dir():
         fail(f"Model folder '{model}' does not exist.", "Build one with `polarproxy tiny-model ./tiny`.")
+    from polarproxy.backends.local.script import Script, ScriptError
     from polarproxy.backends.local.server import serve
+
+    loaded = None
+    if script is not None:
+        try:
+            loaded = Script.load(script)
+        except ScriptError as e:
+            fail(str(e), "See `polarproxy backend --help` and docs/usage.md for the script format.")
 
     def ready(bound: int) -> None:
         typer.echo(f"polarproxy backend: serving {model} on http://{host}:{bound}", err=True)
@@ -144,6 +156,7 @@ def backend(
             weight_version=weight_version,
             max_new_tokens_limit=max_new_tokens_limit,
             ready=ready,
+            script=loaded,
         )
     except OSError as e:
         fail(

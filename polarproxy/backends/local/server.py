@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams, SamplingParamsError
+from polarproxy.backends.local.script import Script, scripted_steps
 
 log = logging.getLogger("polarproxy.backends.local")
 
@@ -107,10 +108,12 @@ class LocalBackendServer(ThreadingHTTPServer):
         weight_version: str = "default",
         max_new_tokens_limit: int | None = None,
         served_model_name: str | None = None,
+        script: Script | None = None,
     ) -> None:
         if max_new_tokens_limit is not None and max_new_tokens_limit < 0:
             raise ValueError(f"max_new_tokens_limit must be >= 0, got {max_new_tokens_limit}")
         self.runner = runner
+        self.script = script
         self.weight_version = weight_version
         self.max_new_tokens_limit = max_new_tokens_limit
         self.served_model_name = served_model_name or str(runner.model_dir)
@@ -380,7 +383,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _generate(self, body: bytes) -> None:
         req = self._parse_generate(body)
         started = time.monotonic()
-        gen = self.server.runner.generate(req.input_ids, req.params, should_stop=self._should_stop)
+        script = self.server.script
+        if script is not None:
+            try:
+                gen = scripted_steps(self.server.runner, script, req.input_ids, req.params)
+            except ValueError as e:
+                raise RequestError(str(e)) from None
+        else:
+            gen = self.server.runner.generate(req.input_ids, req.params, should_stop=self._should_stop)
         try:
             if req.stream:
                 self._generate_stream(req, gen, started)
@@ -499,6 +509,7 @@ class LocalServer:
         weight_version: str = "default",
         max_new_tokens_limit: int | None = None,
         served_model_name: str | None = None,
+        script: Script | None = None,
     ) -> None:
         runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
         self.httpd = LocalBackendServer(
@@ -508,6 +519,7 @@ class LocalServer:
             weight_version=weight_version,
             max_new_tokens_limit=max_new_tokens_limit,
             served_model_name=served_model_name,
+            script=script,
         )
         self._thread: threading.Thread | None = None
 
@@ -558,9 +570,10 @@ def serve(
     ready: Callable[[int], None] | None = None,
     served_model_name: str | None = None,
     device: str | None = None,
+    script: Script | None = None,
 ) -> None:
     """Load the model in `model_dir` and serve until interrupted; `ready(port)` once listening
-    (port 0 picks a free port)."""
+    (port 0 picks a free port). With `script`, answers come from it (teacher-forced logprobs)."""
     runner = ModelRunner(model_dir, device=device)
     httpd = LocalBackendServer(
         runner,
@@ -569,6 +582,7 @@ def serve(
         weight_version=weight_version,
         max_new_tokens_limit=max_new_tokens_limit,
         served_model_name=served_model_name,
+        script=script,
     )
     try:
         if ready is not None:

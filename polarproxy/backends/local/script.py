@@ -1,0 +1,192 @@
+"""Scripted policies: the local backend answers from a script instead of sampling.
+
+Real harnesses then run multi-turn tool loops on a tiny model deterministically, while every recorded
+token and logprob stays true: the answer's token IDs are the tokenized script text, and their logprobs
+come from a teacher-forced forward pass of the model (`ModelRunner.score`).
+
+A script file (YAML or JSON):
+
+    steps:                       # one per call that offers tools, in order
+      - reasoning: "I should look around."        # optional, becomes <think>...</think>
+        text: "Listing the files."                # optional
+        tool_calls:                               # optional
+          - {name: run_shell_command, arguments: {command: ls}}
+      - raw: "Done."                              # or the model's own output format, verbatim
+    side_answer: "A short title"  # calls without tools: titles, routers, commit messages (no step used)
+    final: "Done."                # calls after the last step
+
+Which step a call gets is read from its prompt, so the backend keeps no state and concurrent episodes
+do not interfere: it is the number of assistant turns since the last user message that is not a tool
+result. Formats follow the chat template of DESIGN.md §4 (`<think>`, hermes `<tool_call>` JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams
+
+ASSISTANT = "<|im_start|>assistant\n"
+USER = "<|im_start|>user\n"
+TOOL_RESPONSE = "<tool_response>"
+TOOLS_MARK = "</tools>"
+
+
+class ScriptError(ValueError):
+    """A script file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    text: str  # the assistant output in the model's own format, without the end-of-turn token
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    steps: tuple[Step, ...]
+    side_answer: str = "OK"
+    final: str = "Done."
+    source: str = ""
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def load(path: str | Path) -> Script:
+        p = Path(path)
+        try:
+            raw = p.read_text()
+        except OSError as e:
+            raise ScriptError(f"Cannot read script '{p}': {e.strerror}.") from e
+        try:
+            if p.suffix.lower() == ".json":
+                data = json.loads(raw)
+            else:
+                import yaml
+
+                data = yaml.safe_load(raw)
+        except Exception as e:  # both parsers raise their own types
+            raise ScriptError(
+                f"Script '{p}' is not valid {p.suffix.lstrip('.').upper() or 'YAML'}: {e}"
+            ) from e
+        return Script.from_data(data, source=str(p))
+
+    @staticmethod
+    def from_data(data: Any, *, source: str = "<script>") -> Script:
+        if not isinstance(data, dict):
+            raise ScriptError(f"Script '{source}' must be a mapping with 'steps', not {type(data).__name__}.")
+        unknown = set(data) - {"steps", "side_answer", "final"}
+        if unknown:
+            raise ScriptError(
+                f"Script '{source}': unknown field(s) {', '.join(sorted(map(repr, unknown)))}. "
+                "Allowed: 'steps', 'side_answer', 'final'."
+            )
+        steps = data.get("steps")
+        if not isinstance(steps, list) or not steps:
+            raise ScriptError(f"Script '{source}': 'steps' must be a non-empty list.")
+        for key in ("side_answer", "final"):
+            if key in data and not isinstance(data[key], str):
+                raise ScriptError(f"Script '{source}': '{key}' must be a string.")
+        return Script(
+            steps=tuple(_step(s, i, source) for i, s in enumerate(steps)),
+            side_answer=data.get("side_answer", "OK"),
+            final=data.get("final", "Done."),
+            source=source,
+        )
+
+    def reply_for(self, prompt_text: str) -> str:
+        """The assistant output (model format) for a rendered prompt."""
+        if TOOLS_MARK not in prompt_text:
+            return self.side_answer
+        index = step_index(prompt_text)
+        return self.steps[index].text if index < len(self.steps) else self.final
+
+
+def step_index(prompt_text: str) -> int:
+    """Assistant turns since the last user message that is not a tool result (the generation prompt
+    at the end does not count)."""
+    start = 0
+    pos = prompt_text.find(USER)
+    while pos >= 0:
+        body = prompt_text[pos + len(USER) :]
+        if not body.startswith(TOOL_RESPONSE):
+            start = pos
+        pos = prompt_text.find(USER, pos + 1)
+    turns = prompt_text.count(ASSISTANT, start)
+    return max(turns - 1, 0)
+
+
+def _step(raw: Any, i: int, source: str) -> Step:
+    where = f"Script '{source}': steps[{i}]"
+    if isinstance(raw, str):
+        return Step(text=raw)
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where} must be a string or a mapping, not {type(raw).__name__}.")
+    unknown = set(raw) - {"raw", "reasoning", "text", "tool_calls"}
+    if unknown:
+        raise ScriptError(
+            f"{where}: unknown field(s) {', '.join(sorted(map(repr, unknown)))}. "
+            "Allowed: 'raw', or 'reasoning', 'text', 'tool_calls'."
+        )
+    if "raw" in raw:
+        if len(raw) > 1 or not isinstance(raw["raw"], str):
+            raise ScriptError(f"{where}: 'raw' must be a string and stand alone.")
+        return Step(text=raw["raw"])
+    parts: list[str] = []
+    reasoning = raw.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise ScriptError(f"{where}.reasoning must be a string.")
+        parts.append(f"<think>\n{reasoning}\n</think>\n\n")
+    text = raw.get("text", "")
+    if not isinstance(text, str):
+        raise ScriptError(f"{where}.text must be a string.")
+    calls = raw.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise ScriptError(f"{where}.tool_calls must be a list.")
+    rendered = []
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise ScriptError(f"{where}.tool_calls[{j}] needs a string 'name'.")
+        args = call.get("arguments", {})
+        if not isinstance(args, dict):
+            raise ScriptError(f"{where}.tool_calls[{j}].arguments must be a mapping.")
+        body = json.dumps({"name": call["name"], "arguments": args}, ensure_ascii=False)
+        rendered.append(f"<tool_call>\n{body}\n</tool_call>")
+    body_text = text
+    if rendered:
+        body_text = (text + "\n" if text else "") + "\n".join(rendered)
+    if not body_text and reasoning is None:
+        raise ScriptError(f"{where} is empty: give 'text', 'tool_calls', 'reasoning' or 'raw'.")
+    return Step(text="".join(parts) + body_text)
+
+
+def scripted_steps(
+    runner: ModelRunner, script: Script, prompt: list[int], params: SamplingParams
+) -> Iterator[GenStep]:
+    """The script's answer for `prompt` as generation steps: token IDs of its text plus the end-of-turn
+    token, each with the model's teacher-forced logprob; cut at `max_new_tokens` (finish 'length')."""
+    runner.check_prompt(prompt)
+    reply = script.reply_for(runner.decode(prompt, skip_special_tokens=False))
+    end = runner.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    eos = end if isinstance(end, int) and end >= 0 else runner.eos_token_ids[0]
+    ids = [*runner.encode(reply), eos]
+    limit = params.max_new_tokens
+    if limit == 0:
+        return _emit([])
+    ids = ids[:limit]
+    logprobs = runner.score(prompt, ids)
+    steps = []
+    for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True)):
+        finish = None
+        if i == len(ids) - 1:
+            finish = {"type": "stop", "matched": tid} if tid == eos else {"type": "length", "length": limit}
+        steps.append(GenStep(tid, lp, finish))
+    return _emit(steps)
+
+
+def _emit(steps: list[GenStep]) -> Iterator[GenStep]:
+    """A generator (the server closes what it iterates), over steps computed up front."""
+    yield from steps
