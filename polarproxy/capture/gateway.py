@@ -21,6 +21,7 @@ from polarproxy.conversation import Completion, Conversation, FinishReason, Usag
 from polarproxy.dialects.base import Dialect, StreamWriter, answer_signature
 from polarproxy.render.detokenize import IncrementalDetokenizer
 from polarproxy.render.output_parser import OutputParser
+from polarproxy.render.prefix import PrefixIndex, Turn
 from polarproxy.render.renderer import Renderer
 from polarproxy.render.stops import StopTrimmer
 from polarproxy.store.records import CallResult, CallStart
@@ -98,6 +99,7 @@ class Gateway:
         self.backend = backend
         self.store = store
         self.options = options or GatewayOptions()
+        self.prefixes = PrefixIndex(renderer)
 
     # -- parameters -----------------------------------------------------------------------------
 
@@ -129,15 +131,18 @@ class Gateway:
         start = call.start
         try:
             if len(start.request_body) > INLINE_RENDER_CHARS:  # the request's size bounds the prompt's
-                prompt = await asyncio.to_thread(self.renderer.render, conv)
+                prompt = await asyncio.to_thread(self.prefixes.build, call.episode_id, conv)
             else:
-                prompt = self.renderer.render(conv)
+                prompt = self.prefixes.build(call.episode_id, conv)
         except Exception as e:  # a template that cannot render this conversation
             msg = f"The chat template could not render this request: {e}"
             await self.record_failure(start, status="failed", error=msg, http_status=400)
             await respond(sink, 400, JSON_HEADERS, dialect.error(400, msg, "render_error"))
             return
         start.prompt_ids = prompt.ids
+        start.render_mode = prompt.mode  # type: ignore[assignment]
+        start.extended_from = prompt.extended_from
+        start.render_note = prompt.note
         start.backend = self.backend.url
         start.backend_kind = self.backend.kind
         # The in-flight record is written while the backend works; it must be on disk before the first byte
@@ -358,6 +363,30 @@ class _CallRun:
         gen = self.gen
         return Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(gen.output_ids) if gen else 0)
 
+    async def _finish_ok(self, completion: Completion, body: bytes) -> None:
+        """Commit the finished record (T6), then let later calls of the episode extend this one (T2)."""
+        await self._finish(self._ok_result(completion, body))
+        gen = self.gen
+        assert gen is not None
+        closing = None
+        if (
+            gen.finish_reason == "stop"
+            and gen.output_ids
+            and gen.output_ids[-1] in self.gw.renderer.stop_token_ids
+        ):
+            closing = self.gw.renderer.token_text(gen.output_ids[-1])
+        self.gw.prefixes.remember(
+            self.call.episode_id,
+            Turn(
+                call_id=await self.call_id(),
+                conversation=self.call.conversation,
+                completion=completion,
+                prompt_ids=self.prompt_ids,
+                output_ids=list(gen.output_ids),
+                closing_text=closing,
+            ),
+        )
+
     def _ok_result(self, completion: Completion, body: bytes) -> CallResult:
         return self._result(
             "ok",
@@ -389,7 +418,7 @@ class _CallRun:
         body = self.dialect.response(
             completion, response_id=self.response_id, model=self.model, created=self.created
         )
-        await self._finish(self._ok_result(completion, body))
+        await self._finish_ok(completion, body)
         await self._respond(200, body)
 
     async def stream(self) -> None:
@@ -432,9 +461,7 @@ class _CallRun:
         events, completion = parser.finish(_finish_reason(gen), self._usage())
         completion.signature = answer_signature(self.response_id)
         tail = writer.events(events) + writer.finish(completion)
-        await self._finish(
-            self._ok_result(completion, b"".join([*self.body_parts, tail]))
-        )  # T6: on disk first
+        await self._finish_ok(completion, b"".join([*self.body_parts, tail]))  # T6: on disk first
         await self._send(tail)
         await self._end()
 

@@ -41,8 +41,8 @@ def recorded(backend, tiny_model_dir, tmp_path_factory):
             str(tiny_model_dir),
             "--db",
             str(db),
-            "--harness",
-            "example-agent",
+            "--task",
+            "list-and-read",
             "--json",
             "--",
             sys.executable,
@@ -76,7 +76,7 @@ def test_every_call_is_complete_and_token_exact(recorded, tiny_model_dir):
     r, db = recorded
     store = Store.open(str(db))
     episode = store.get_episode(last_json(r.stdout)["episode_id"])
-    assert episode.status == "ok" and episode.exit_code == 0 and episode.harness == "example-agent"
+    assert episode.status == "ok" and episode.exit_code == 0 and episode.task == "list-and-read"
     calls = store.list_calls(episode.id)
     renderer = Renderer(tiny_model_dir)
     runner = ModelRunner(tiny_model_dir)
@@ -93,6 +93,13 @@ def test_every_call_is_complete_and_token_exact(recorded, tiny_model_dir):
         assert max(abs(a - b) for a, b in zip(scored, call.output_logprobs, strict=True)) < 1e-4
         assert call.ttft_ms is not None and call.latency_ms >= call.ttft_ms
     assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
+    # T2: each later call extends the one before it: earlier prompt + earlier output + the new messages
+    assert [c.render_mode for c in calls] == ["fresh", "extended", "extended"]
+    for prev, cur in zip(calls, calls[1:], strict=False):
+        assert cur.extended_from == prev.id
+        assert (
+            cur.prompt_ids[: len(prev.prompt_ids) + len(prev.output_ids)] == prev.prompt_ids + prev.output_ids
+        )
     assert calls[2].completion["text"] == "Done."
 
 

@@ -88,6 +88,10 @@ def test_qwen_code_tool_loop_on_a_scripted_backend(make_backend, tiny_model_dir,
     tool_msgs = [m for m in second.conversation["messages"] if m["role"] == "tool"]
     assert tool_msgs and "hello.py" in tool_msgs[-1]["content"]  # Qwen Code really ran `ls`
     assert second.completion["text"] == SCRIPT["final"]
+    # T2: the second turn extends the first although Qwen Code re-serialized the tool arguments
+    assert second.render_mode == "extended" and second.extended_from == first.id, second.render_note
+    n = len(first.prompt_ids) + len(first.output_ids)
+    assert second.prompt_ids[:n] == first.prompt_ids + first.output_ids
     renderer = Renderer(tiny_model_dir)
     for c in main:  # the recorded output is exactly the script's tokens, stop token included
         assert renderer.decode(c.output_ids[:-1]) in (
