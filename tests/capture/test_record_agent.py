@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -95,7 +96,7 @@ def test_every_call_is_complete_and_token_exact(recorded, tiny_model_dir):
     assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
     # T2: each later call extends the one before it: earlier prompt + earlier output + the new messages
     assert [c.render_mode for c in calls] == ["fresh", "extended", "extended"]
-    for prev, cur in zip(calls, calls[1:], strict=False):
+    for prev, cur in itertools.pairwise(calls):
         assert cur.extended_from == prev.id
         assert (
             cur.prompt_ids[: len(prev.prompt_ids) + len(prev.output_ids)] == prev.prompt_ids + prev.output_ids
