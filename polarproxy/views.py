@@ -126,17 +126,24 @@ def render_episode(
         )
     )
     console.print(Text("$ " + " ".join(ep.command), style="dim"))
+    seq_of = {c.id: c.seq for c in calls}
     for c in calls:
+        if c.render_mode == "extended":
+            render = f"extends #{seq_of.get(c.extended_from or '', '?')}"
+        else:
+            render = c.render_mode
         head = Text.assemble(
             (f"\n#{c.seq} ", "bold"),
             (c.status, STATUS_STYLE.get(c.status, "")),
             f"  {c.method} {c.path}  {c.dialect}{' stream' if c.stream else ''}  "
             f"prompt {len(c.prompt_ids)} + output {len(c.output_ids)} tokens  finish {c.finish_reason}  "
-            f"{(c.latency_ms or 0):.0f} ms",
+            f"{(c.latency_ms or 0):.0f} ms  prompt {render}",
         )
         console.print(head)
         if c.error:
             console.print(Text(f"  error: {c.error}", style="red"))
+        if c.render_note:
+            console.print(Text(f"  rendered fresh: {c.render_note}", style="yellow"))
         msgs = _messages(c)
         if len(msgs) > 3:
             console.print(Text(f"  ({len(msgs) - 3} earlier messages)", style="dim"))
