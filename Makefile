@@ -5,7 +5,8 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 HARNESSES := .cache/harnesses
 # Harness CLIs the integration tests drive (npm registry; see ../shared/harnesses/README.md).
-NPM_HARNESSES := @qwen-code/qwen-code@0.15.10
+NPM_HARNESSES := @qwen-code/qwen-code@0.15.10 @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 \
+	@google/gemini-cli@0.61.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1
 
 # The newest Python >= 3.12 on this machine (mitmproxy 12 needs 3.12; on 3.11 pip quietly gives mitmproxy 11).
 PYTHON ?= $(shell for c in python3.14 python3.13 python3.12 \

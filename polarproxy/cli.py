@@ -129,7 +129,9 @@ def backend(
     ] = None,
     script: Annotated[
         Path | None,
-        typer.Option(help="Answer from this script (YAML/JSON) instead of sampling; logprobs stay the model's."),
+        typer.Option(
+            help="Answer from this script (YAML/JSON) instead of sampling; logprobs stay the model's."
+        ),
     ] = None,
 ) -> None:
     """Serve a transformers model over SGLang's /generate API (CPU, or GPU when present)."""
@@ -199,13 +201,35 @@ def record(
     model: ModelOpt = None,
     db: DbOpt = None,
     port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 0,
-    harness: Annotated[str | None, typer.Option(help="Harness name stored with the episode.")] = None,
+    harness: Annotated[
+        str | None,
+        typer.Option(
+            help="Harness preset (codex, claude, qwen, gemini, opencode, pi, aider): the environment and a "
+            "throwaway config home that point it at the proxy. Stored with the episode."
+        ),
+    ] = None,
+    harness_file: Annotated[
+        Path | None, typer.Option(help="A preset of your own (YAML; see docs/usage.md) instead of --harness.")
+    ] = None,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            help="Wire format, for presets that speak several (pi: chat, responses, anthropic, gemini)."
+        ),
+    ] = None,
+    model_name: Annotated[
+        str | None,
+        typer.Option(
+            help="Model name the preset tells the harness to use (default: the model folder's name)."
+        ),
+    ] = None,
     task: Annotated[str | None, typer.Option(help="Task name stored with the episode.")] = None,
     group: Annotated[str | None, typer.Option(help="Group ID (several samples of one task).")] = None,
     max_tokens: Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")] = 4096,
     json_out: JsonOpt = False,
 ) -> None:
     """Run a harness command as one recorded episode; exits with the command's exit code."""
+    from polarproxy.capture.presets import get_preset, load_preset_file
     from polarproxy.capture.runner import record as run_record
     from polarproxy.errors import PolarproxyError
 
@@ -214,7 +238,31 @@ def record(
             "No command to record.",
             "Put the harness command after --, e.g. polarproxy record -- python agent.py",
         )
-    cfg = _proxy_config(backend, model, db, port, max_tokens, harness, task, group)
+    preset = None
+    try:
+        if harness_file is not None:
+            preset = load_preset_file(harness_file)
+            if harness is not None and harness != preset.name:
+                fail(
+                    f"--harness {harness} and --harness-file {harness_file} (preset '{preset.name}') disagree.",
+                    "Pass one of them.",
+                )
+        elif harness is not None:
+            preset = get_preset(harness)
+        elif api is not None:
+            fail(
+                "--api needs a harness preset.",
+                "Pass --harness pi (or another preset with an 'apis' section).",
+            )
+        chosen_api = preset.choose_api(api) if preset is not None else None
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+    cfg = _proxy_config(backend, model, db, port, max_tokens, preset.name if preset else None, task, group)
+    if preset is not None:
+        cfg.preset, cfg.api, cfg.model_name = preset, chosen_api, model_name
+        cfg.metadata["model_name"] = model_name or cfg.model.name
+        if chosen_api is not None:
+            cfg.metadata["api"] = chosen_api
     try:
         outcome = asyncio.run(run_record(cfg, list(command)))
     except PolarproxyError as e:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 from polarproxy.backends.base import BackendError
 from polarproxy.backends.sglang import SGLangBackend
 from polarproxy.capture.gateway import Gateway, GatewayOptions
+from polarproxy.capture.presets import Preset
 from polarproxy.capture.proxy import RunningProxy, start_proxy
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
@@ -50,6 +53,20 @@ def harness_env(base: Mapping[str, str], proxy_url: str, episode_id: str) -> dic
     return env
 
 
+def prepare_preset(cfg: ProxyConfig, env: dict[str, str], proxy_url: str, home: Path) -> dict[str, str]:
+    """Write the preset's config files under `home` and return the child's environment with its variables."""
+    assert cfg.preset is not None
+    rendered = cfg.preset.render(
+        proxy_url=proxy_url,
+        key=PLACEHOLDER_KEY,
+        model=cfg.model_name or cfg.model.name,
+        home=home,
+        api=cfg.api,
+    )
+    rendered.write_files()
+    return rendered.apply_env(env)
+
+
 @dataclass
 class ProxyConfig:
     backend: str
@@ -64,6 +81,10 @@ class ProxyConfig:
     group_id: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     check_backend: bool = True  # fail at start when the backend's /health does not answer
+    # harness preset (`record --harness NAME`); its name is the episode's harness
+    preset: Preset | None = None
+    api: str | None = None  # the preset's wire format, for presets that speak several (`--api`)
+    model_name: str | None = None  # the model the harness is told to use (default: the model folder's name)
 
 
 @dataclass
@@ -156,11 +177,14 @@ async def record(
         on_ready(proxy.url, episode_id)
     loop = asyncio.get_running_loop()
     rc = 127
+    home: Path | None = None
     try:
+        env = harness_env(os.environ, proxy.url, episode_id)
+        if cfg.preset is not None:
+            home = Path(tempfile.mkdtemp(prefix=f"polarproxy-{cfg.preset.name}-"))
+            env = prepare_preset(cfg, env, proxy.url, home)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *command, env=harness_env(os.environ, proxy.url, episode_id)
-            )
+            proc = await asyncio.create_subprocess_exec(*command, env=env)
         except (FileNotFoundError, PermissionError) as e:
             print(f"Error: cannot run {command[0]!r}: {e.strerror}.", file=sys.stderr)
             rc = 127 if isinstance(e, FileNotFoundError) else 126
@@ -174,6 +198,8 @@ async def record(
     finally:
         for sig in (*FORWARDED_SIGNALS, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
         await proxy.stop()
         await stack.writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
         await close_stack(stack)

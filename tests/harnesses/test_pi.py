@@ -1,0 +1,37 @@
+"""The real Pi coding agent (npm @mariozechner/pi-coding-agent), unmodified, through `--harness pi --api X`:
+one harness, all four wire formats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from recording import BIN, check_calls, needs_cli
+
+pytestmark = [pytest.mark.integration, needs_cli("pi", "Pi coding agent")]
+
+
+@pytest.mark.parametrize(
+    "api, dialect, path, auth",
+    [
+        ("chat", "openai_chat", "/v1/chat/completions", "authorization"),
+        ("responses", "openai_responses", "/v1/responses", "authorization"),
+        ("anthropic", "anthropic", "/v1/messages", "x-api-key"),
+        ("gemini", "gemini", "/v1beta/models/tiny:streamGenerateContent", "x-goog-api-key"),
+    ],
+)
+def test_pi_exits_0_in_each_wire_format(record_harness, tiny_model_dir, api, dialect, path, auth):
+    argv = [
+        str(BIN / "pi"),
+        "-p",
+        "--provider",
+        "polarproxy",
+        "--model",
+        "tiny",
+        "List the files, then say done.",
+    ]
+    rec = record_harness("pi", argv, "--api", api, "--model-name", "tiny")
+    check_calls(rec, tiny_model_dir, dialect=dialect, auth_header=auth)
+    assert all(c.path.startswith(path) and c.stream for c in rec.calls), [c.path for c in rec.calls]
+    assert rec.episode.metadata["api"] == api
+    assert json.loads(rec.calls[0].request_body)  # the harness's own body, stored as sent
