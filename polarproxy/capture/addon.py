@@ -18,10 +18,10 @@ import orjson
 from mitmproxy import ctx, exceptions, http
 
 from polarproxy.capture.gateway import JSON_HEADERS, Gateway, GatewayOptions, PendingCall
-from polarproxy.capture.redact import redact_headers, redact_path
 from polarproxy.capture.responder import Responder
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
+from polarproxy.redact import redact_headers, redact_path
 from polarproxy.store.records import CallStart, EpisodeStart
 
 log = logging.getLogger("polarproxy.addon")

@@ -11,25 +11,24 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
-from urllib.parse import quote, unquote_plus
 
 import orjson
 from sqlalchemy import Connection, Engine, Row, and_, bindparam, func, or_, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 
+from polarproxy.redact import REDACTED, redact_headers, redact_path
 from polarproxy.store import schema
-from polarproxy.store.arrays import pack_ids, pack_logprobs, unpack_ids, unpack_ids_array, unpack_logprobs
+from polarproxy.store.arrays import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
 from polarproxy.store.engine import is_sqlite_memory, make_engine, read_transaction, write_transaction
 from polarproxy.store.errors import AmbiguousIdError, NotFoundError, StoreError
 from polarproxy.store.ids import CALL_PREFIX, EPISODE_PREFIX, new_call_id, new_episode_id
 from polarproxy.store.migrations import migrate
+from polarproxy.store.rebuild import TOKEN_COLUMNS, Rebuilder, TokenRow, token_row
 from polarproxy.store.records import (
     Call,
     CallResult,
@@ -42,15 +41,9 @@ from polarproxy.store.records import (
 
 log = logging.getLogger(__name__)
 
-REDACTED = "<redacted>"
-SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "set-cookie"}
-)
-SECRET_QUERY_PARAMS = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
 CALL_STATUSES: tuple[str, ...] = get_args(CallStatus)
 EPISODE_STATUSES: tuple[str, ...] = get_args(EpisodeStatus)
 _BATCH = 64  # calls read per transaction by iter_calls
-_TOKEN_CACHE = 32  # rebuilt token sequences kept while reading (prefix-stored calls read their base's)
 
 E = schema.episodes
 C = schema.calls
@@ -84,114 +77,19 @@ def _loads(text: str | None) -> Any:
     return None if text is None else orjson.loads(text)
 
 
-def redact_headers(headers: dict[str, str]) -> dict[str, str]:
-    """A copy of `headers` with every secret header's value replaced by `<redacted>` (T5)."""
-    out = {}
-    for name, value in headers.items():
-        if name.lower() in SECRET_HEADERS and value != REDACTED:
-            log.warning("Header %r reached the store unredacted; storing it as %s.", name, REDACTED)
-            value = REDACTED
-        out[name] = value
+def _redacted_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Defence in depth for T5: the capture layer redacts first; anything it missed is replaced here."""
+    out = redact_headers(headers.items())
+    if out != headers:
+        log.warning("Secret headers reached the store unredacted; storing them as %s.", REDACTED)
     return out
 
 
-def redact_path(path: str) -> str:
-    """`path` with the value of every secret query parameter (`key`, `api_key`, ...) replaced (T5)."""
-    if "?" not in path:
-        return path
-    base, _, query = path.partition("?")
-    parts = query.split("&")
-    changed = False
-    for i, part in enumerate(parts):
-        name, eq, value = part.partition("=")
-        if eq and unquote_plus(name).lower() in SECRET_QUERY_PARAMS and unquote_plus(value) != REDACTED:
-            log.warning("Query parameter %r reached the store unredacted; storing it as %s.", name, REDACTED)
-            parts[i] = f"{name}={quote(REDACTED)}"
-            changed = True
-    return f"{base}?{'&'.join(parts)}" if changed else path
-
-
-@dataclass(slots=True, frozen=True)
-class _TokenRow:
-    id: str
-    base_id: str | None
-    base_len: int
-    tail: bytes
-    output: bytes
-
-
-_TOKEN_COLUMNS = (C.c.id, C.c.prompt_base_call_id, C.c.prompt_base_len, C.c.prompt_tail_ids, C.c.output_ids)
-
-
-def _token_row(row: Row[Any]) -> _TokenRow:
-    m = row._mapping
-    return _TokenRow(
-        m["id"], m["prompt_base_call_id"], m["prompt_base_len"], m["prompt_tail_ids"], m["output_ids"]
-    )
-
-
-class _Rebuilder:
-    """Rebuilds prompts stored as `full_sequence(base)[:base_len] + tail`, where
-    full_sequence(call) = prompt(call) + output(call), following bases iteratively (no recursion limit)."""
-
-    def __init__(self, load: Callable[[str], _TokenRow]):
-        self._load = load
-        self._rows: OrderedDict[str, _TokenRow] = OrderedDict()
-        self._full: OrderedDict[str, Any] = OrderedDict()
-
-    @staticmethod
-    def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
-        cache[key] = value
-        cache.move_to_end(key)
-        while len(cache) > _TOKEN_CACHE:
-            cache.popitem(last=False)
-
-    def prompt(self, row: _TokenRow) -> list[int]:
-        self._remember(self._rows, row.id, row)
-        if row.base_id is None:
-            if row.base_len:
-                raise StoreError(f"Call {row.id} has prompt_base_len {row.base_len} but no base call.")
-            return unpack_ids(row.tail)
-        base = self._full_sequence(row.base_id)
-        if row.base_len > len(base):
-            raise StoreError(
-                f"Call {row.id} takes {row.base_len} tokens from its base call {row.base_id}, "
-                f"which has only {len(base)}. The database is inconsistent."
-            )
-        return base[: row.base_len].tolist() + unpack_ids(row.tail)
-
-    def _full_sequence(self, call_id: str) -> Any:
-        chain: list[_TokenRow] = []
-        seen: set[str] = set()
-        seq = None
-        current = call_id
-        while True:
-            if current in self._full:
-                seq = self._full[current]
-                break
-            if current in seen:
-                raise StoreError(
-                    f"Call {current} is its own prompt base (a cycle). The database is inconsistent."
-                )
-            seen.add(current)
-            row = self._rows.get(current) or self._load(current)
-            chain.append(row)
-            if row.base_id is None:
-                break
-            current = row.base_id
-        for row in reversed(chain):
-            if row.base_id is None:
-                prompt = unpack_ids_array(row.tail)
-            else:
-                if row.base_len > len(seq):
-                    raise StoreError(
-                        f"Call {row.id} takes {row.base_len} tokens from its base call {row.base_id}, "
-                        f"which has only {len(seq)}. The database is inconsistent."
-                    )
-                prompt = seq[: row.base_len] + unpack_ids_array(row.tail)
-            seq = prompt + unpack_ids_array(row.output)
-            self._remember(self._full, row.id, seq)
-        return seq
+def _redacted_path(path: str) -> str:
+    out = redact_path(path)
+    if out != path:
+        log.warning("Secret query parameters reached the store unredacted; storing them as %s.", REDACTED)
+    return out
 
 
 def _like_prefix(prefix: str) -> str:
@@ -463,11 +361,11 @@ class Store:
             "episode_id": start.episode_id,
             "dialect": start.dialect,
             "method": start.method,
-            "path": redact_path(start.path),
+            "path": _redacted_path(start.path),
             "model": start.model,
             "stream": bool(start.stream),
             "status": "in_flight",
-            "request_headers_json": _dumps(redact_headers(start.request_headers)),
+            "request_headers_json": _dumps(_redacted_headers(start.request_headers)),
             "request_body": start.request_body,
             "conversation_json": None if start.conversation is None else _dumps(start.conversation),
             "prompt_base_call_id": None,
@@ -547,7 +445,7 @@ class Store:
         cid = self._resolve(C, call_id, CALL_PREFIX, "call", "polarproxy show EPISODE")
         with self._read() as conn:
             row = conn.execute(select(C).where(C.c.id == cid)).one()
-        return self._call(row, _Rebuilder(self._load_token_row))
+        return self._call(row, Rebuilder(self._load_token_row))
 
     def list_calls(self, episode_id: str) -> list[Call]:
         """The calls of one episode in sequence order."""
@@ -573,7 +471,7 @@ class Store:
             raise NotFoundError(
                 f"No episode {', '.join(map(repr, missing))}. Run `polarproxy ls` to list them."
             )
-        rebuilder = _Rebuilder(self._load_token_row)
+        rebuilder = Rebuilder(self._load_token_row)
         for eid in ordered:
             last_seq = -1
             while True:
@@ -588,17 +486,17 @@ class Store:
                     break
                 last_seq = rows[-1]._mapping["seq"]
 
-    def _load_token_row(self, call_id: str) -> _TokenRow:
+    def _load_token_row(self, call_id: str) -> TokenRow:
         with self._read() as conn:
-            row = conn.execute(select(*_TOKEN_COLUMNS).where(C.c.id == call_id)).first()
+            row = conn.execute(select(*TOKEN_COLUMNS).where(C.c.id == call_id)).first()
         if row is None:
             raise StoreError(
                 f"Call {call_id!r}, the prompt base of another call, is missing. The database is inconsistent."
             )
-        return _token_row(row)
+        return token_row(row)
 
     @staticmethod
-    def _call(row: Row[Any], rebuilder: _Rebuilder) -> Call:
+    def _call(row: Row[Any], rebuilder: Rebuilder) -> Call:
         m = row._mapping
         return Call(
             id=m["id"],
@@ -617,7 +515,7 @@ class Store:
             response_body=m["response_body"],
             conversation=_loads(m["conversation_json"]),
             completion=_loads(m["completion_json"]),
-            prompt_ids=rebuilder.prompt(_token_row(row)),
+            prompt_ids=rebuilder.prompt(token_row(row)),
             output_ids=unpack_ids(m["output_ids"]),
             output_logprobs=unpack_logprobs(m["output_logprobs"]),
             finish_reason=m["finish_reason"],
