@@ -39,7 +39,7 @@ from polarproxy.conversation import (
     ToolCall,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError, answer_signature
+from polarproxy.dialects.base import DialectError, answer_signature, number
 from polarproxy.sse import encode
 
 RAW_ARGUMENTS_KEY = "_polarproxy_raw_arguments"
@@ -224,15 +224,6 @@ def _tool_choice(raw: Any) -> str | dict[str, Any] | None:
     return {"auto": "auto", "any": "required", "none": "none"}[kind]
 
 
-def _number(body: dict[str, Any], key: str, kind: type) -> Any:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not float(v).is_integer()):
-        raise DialectError(f"{key} must be {'an integer' if kind is int else 'a number'}, not {v!r}.")
-    return kind(v)
-
-
 def _stops(raw: Any) -> list[str]:
     if raw is None:
         return []
@@ -293,7 +284,7 @@ class AnthropicMessages:
             raise DialectError("The request body must be a JSON object.")
         if body.get("max_tokens") is None:
             raise DialectError("max_tokens is required (a positive integer), as in the Anthropic API.")
-        max_tokens = _number(body, "max_tokens", int)
+        max_tokens = number(body, "max_tokens", int)
         if max_tokens < 1:
             raise DialectError(f"max_tokens must be a positive integer, not {max_tokens!r}.")
         model = body.get("model", "")
@@ -314,9 +305,9 @@ class AnthropicMessages:
             tools=_tools(body.get("tools")),
             sampling=Sampling(
                 max_tokens=max_tokens,
-                temperature=_number(body, "temperature", float),
-                top_p=_number(body, "top_p", float),
-                top_k=_number(body, "top_k", int),
+                temperature=number(body, "temperature", float),
+                top_p=number(body, "top_p", float),
+                top_k=number(body, "top_k", int),
                 stop=_stops(body.get("stop_sequences")),
             ),
             model=model,

@@ -23,6 +23,17 @@ class DialectError(Exception):
         self.code = code
 
 
+def number(body: dict[str, Any], key: str, kind: type, *, where: str = "") -> Any:
+    """An optional numeric field: None when absent, else `kind(value)`; a bool, a string or (for int) a
+    fractional value is refused with a DialectError naming the field (`where` prefixes its path)."""
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not float(v).is_integer()):
+        raise DialectError(f"{where}{key} must be {'an integer' if kind is int else 'a number'}, not {v!r}.")
+    return kind(v)
+
+
 class StreamWriter(Protocol):
     """Builds one streamed response, chunk by chunk, in the dialect's own event format."""
 

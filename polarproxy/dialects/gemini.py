@@ -53,7 +53,7 @@ from polarproxy.conversation import (
     ToolCall,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError, answer_signature
+from polarproxy.dialects.base import DialectError, answer_signature, number
 from polarproxy.sse import KEEPALIVE, encode
 
 METHODS = ("generateContent", "streamGenerateContent")
@@ -120,15 +120,6 @@ class GeminiConversation(Conversation):
 
 
 # -- parsing ----------------------------------------------------------------------------------------
-
-
-def _number(cfg: dict[str, Any], key: str, kind: type) -> Any:
-    v = cfg.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise DialectError(f"generationConfig.{key} must be a number, not {v!r}.")
-    return kind(v)
 
 
 def _parts(raw: Any, where: str) -> list[dict[str, Any]]:
@@ -373,12 +364,12 @@ def _sampling(raw: Any) -> Sampling:
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
         raise DialectError("generationConfig.stopSequences must be an array of strings.")
     return Sampling(
-        max_tokens=_number(raw, "maxOutputTokens", int),
-        temperature=_number(raw, "temperature", float),
-        top_p=_number(raw, "topP", float),
-        top_k=_number(raw, "topK", int),
+        max_tokens=number(raw, "maxOutputTokens", int, where="generationConfig."),
+        temperature=number(raw, "temperature", float, where="generationConfig."),
+        top_p=number(raw, "topP", float, where="generationConfig."),
+        top_k=number(raw, "topK", int, where="generationConfig."),
         stop=list(stop or []),
-        seed=_number(raw, "seed", int),
+        seed=number(raw, "seed", int, where="generationConfig."),
     )
 
 

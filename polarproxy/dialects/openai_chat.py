@@ -18,7 +18,7 @@ from polarproxy.conversation import (
     ToolCall,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError
+from polarproxy.dialects.base import DialectError, number
 from polarproxy.sse import KEEPALIVE, encode
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -111,15 +111,6 @@ def _tools(raw: Any) -> list[Tool]:
     return tools
 
 
-def _number(body: dict[str, Any], key: str, kind: type) -> Any:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise DialectError(f"{key} must be a number, not {v!r}.")
-    return kind(v)
-
-
 class OpenAIChat:
     name = "openai_chat"
     routes = ("POST /v1/chat/completions",)
@@ -138,20 +129,20 @@ class OpenAIChat:
             raise DialectError(f"n={n!r} is not supported. Must be 1; send one request per sample.")
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
-        max_tokens = _number(body, "max_completion_tokens", int)
+        max_tokens = number(body, "max_completion_tokens", int)
         if max_tokens is None:
-            max_tokens = _number(body, "max_tokens", int)
+            max_tokens = number(body, "max_tokens", int)
         stream_options = body.get("stream_options") or {}
         return Conversation(
             messages=[_message(m, i) for i, m in enumerate(raw_messages)],
             tools=_tools(body.get("tools")),
             sampling=Sampling(
                 max_tokens=max_tokens,
-                temperature=_number(body, "temperature", float),
-                top_p=_number(body, "top_p", float),
-                top_k=_number(body, "top_k", int),
+                temperature=number(body, "temperature", float),
+                top_p=number(body, "top_p", float),
+                top_k=number(body, "top_k", int),
                 stop=stops,
-                seed=_number(body, "seed", int),
+                seed=number(body, "seed", int),
             ),
             model=str(body.get("model") or ""),
             stream=bool(body.get("stream")),

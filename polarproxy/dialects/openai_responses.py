@@ -41,7 +41,7 @@ from polarproxy.conversation import (
     ToolCall,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError, answer_signature
+from polarproxy.dialects.base import DialectError, answer_signature, number
 from polarproxy.dialects.openai_chat import error_object
 from polarproxy.sse import KEEPALIVE, encode
 
@@ -236,15 +236,6 @@ def _tools(raw: Any) -> list[Tool]:
     return tools
 
 
-def _number(body: dict[str, Any], key: str, kind: type) -> Any:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise DialectError(f"{key} must be a number, not {v!r}.")
-    return kind(v)
-
-
 # -- response -----------------------------------------------------------------------------------------
 
 
@@ -370,9 +361,9 @@ class OpenAIResponses:
             messages=turns.messages,
             tools=_tools(body.get("tools")),
             sampling=Sampling(
-                max_tokens=_number(body, "max_output_tokens", int),
-                temperature=_number(body, "temperature", float),
-                top_p=_number(body, "top_p", float),
+                max_tokens=number(body, "max_output_tokens", int),
+                temperature=number(body, "temperature", float),
+                top_p=number(body, "top_p", float),
             ),
             model=str(body.get("model") or ""),
             stream=bool(body.get("stream")),

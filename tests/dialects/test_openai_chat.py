@@ -63,7 +63,7 @@ def test_aider_temperature_zero_is_kept(traffic):
         ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n=3"),
         (
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"},
-            "max_tokens must be a number",
+            "max_tokens must be an integer",
         ),
     ],
 )

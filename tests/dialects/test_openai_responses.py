@@ -196,7 +196,7 @@ def test_string_input_and_trailing_reasoning():
         ({"input": [{"type": "function_call", "name": "a", "arguments": "{}"}]}, "call_id"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "call_id"),
         ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
-        ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens must be a number"),
+        ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens must be an integer"),
     ],
 )
 def test_bad_requests_name_the_bad_value(body, fragment):
