@@ -10,19 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from recording import needs_cli
 
 from polarproxy.render.renderer import Renderer
 from polarproxy.store.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = REPO / ".cache" / "harnesses" / "node_modules" / ".bin" / "qwen"
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not QWEN.exists(),
-        reason="Qwen Code CLI not installed: `make harnesses` installs it (make test does this first)",
-    ),
-]
+pytestmark = [pytest.mark.integration, needs_cli("qwen", "Qwen Code CLI")]
 SCRIPT = {
     "steps": [
         {
