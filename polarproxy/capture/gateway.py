@@ -13,6 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -381,8 +382,8 @@ class _CallRun:
                 call_id=await self.call_id(),
                 conversation=self.call.conversation,
                 completion=completion,
-                prompt_ids=self.prompt_ids,
-                output_ids=list(gen.output_ids),
+                prompt_ids=array("i", self.prompt_ids),
+                output_ids=array("i", gen.output_ids),
                 closing_text=closing,
             ),
         )

@@ -16,6 +16,7 @@ tokenizing anything that came before.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -23,8 +24,10 @@ from polarproxy.conversation import Completion, Conversation, Message
 from polarproxy.render.renderer import Renderer
 
 SENTINEL = "polarproxy-sentinel-6c1f0e"
-MAX_EPISODES = 1024
-CALLS_PER_EPISODE = 32
+# Memory bound for `serve` with many episodes: token IDs are kept as int32 arrays (~4 bytes a token);
+# the conversations are the bulk (a Qwen Code request is ~78 KB of text).
+MAX_EPISODES = 256
+CALLS_PER_EPISODE = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,8 +37,8 @@ class Turn:
     call_id: str
     conversation: Conversation
     completion: Completion
-    prompt_ids: list[int]
-    output_ids: list[int]
+    prompt_ids: array[int]  # int32
+    output_ids: array[int]
     closing_text: str | None  # the text of the stop token that ended the output, None if cut by length
 
 
@@ -100,7 +103,7 @@ class PrefixIndex:
             if why is None:
                 tail = self.tail(conv.messages[len(turn.conversation.messages) + 1 :], turn.closing_text)
                 if tail is not None:
-                    ids = turn.prompt_ids + turn.output_ids + self.renderer.encode(tail)
+                    ids = [*turn.prompt_ids, *turn.output_ids, *self.renderer.encode(tail)]
                     return Prompt(ids=ids, mode="extended", extended_from=turn.call_id)
                 why = (
                     "the chat template does not close the earlier answer with the stop token the model "

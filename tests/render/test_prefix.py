@@ -3,6 +3,7 @@ rendering of only the new messages; anything else is rendered fresh, with the re
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import replace
 
 import pytest
@@ -38,7 +39,9 @@ def first_turn(r: Renderer, *, reasoning: str | None = None, stop: bool = True):
         tool_calls=[ToolCall("call_ab12", "ls", '{"path": "."}')],
         finish_reason="tool_calls",
     )
-    turn = Turn("call_1", conv, completion, prompt, output, "<|im_end|>" if stop else None)
+    turn = Turn(
+        "call_1", conv, completion, array("i", prompt), array("i", output), "<|im_end|>" if stop else None
+    )
     return conv, turn
 
 
@@ -62,7 +65,7 @@ def test_extension_is_earlier_prompt_plus_output_plus_the_new_messages(r):
     req = next_request(conv)
     p = index.build("ep", req)
     assert p.mode == "extended" and p.extended_from == "call_1" and p.note is None
-    assert p.ids[: len(turn.prompt_ids) + len(turn.output_ids)] == turn.prompt_ids + turn.output_ids
+    assert p.ids[: len(turn.prompt_ids) + len(turn.output_ids)] == [*turn.prompt_ids, *turn.output_ids]
     # nothing was dropped or re-serialized here, so the fresh render is the same token for token:
     # the rendering of the new messages is exactly the template's
     assert p.ids == r.render(req).ids
@@ -78,7 +81,7 @@ def test_the_model_keeps_seeing_its_own_tokens_where_a_fresh_render_would_drift(
     assert p.mode == "extended"
     fresh = r.render(req).ids
     assert fresh != p.ids  # a re-tokenizing system would train on a context the model never saw
-    assert p.ids[: len(turn.prompt_ids) + len(turn.output_ids)] == turn.prompt_ids + turn.output_ids
+    assert p.ids[: len(turn.prompt_ids) + len(turn.output_ids)] == [*turn.prompt_ids, *turn.output_ids]
     assert r.decode(p.ids).endswith("<|im_start|>user\nAnd again?<|im_end|>\n<|im_start|>assistant\n")
 
 
