@@ -201,3 +201,24 @@ def test_the_real_backend_process_killed_mid_stream(random_model_dir, make_backe
     assert 0 < len(c.output_ids) == len(c.output_logprobs) < 4000
     r2 = httpx.post(proxy.url + CHAT, json=BODY, timeout=30)  # still serving: a clean error now
     assert r2.status_code == 503 and r2.json()["error"]["code"] == "backend_unreachable"
+
+
+def test_t6_the_call_is_on_disk_before_the_finish_chunk_reaches_the_harness(make_stub, make_proxy, tmp_path):
+    import sqlite3
+
+    proxy = make_proxy(make_stub("one two three", per_token_ms=20).url)
+    seen_in_flight = False
+    with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
+        dec = SSEDecoder()
+        for chunk in r.iter_raw():
+            for ev in dec.decode(chunk):
+                db = sqlite3.connect(tmp_path / "p0.db")  # another connection: only committed rows show
+                (status,) = db.execute("SELECT status FROM calls").fetchone()
+                db.close()
+                data = orjson.loads(ev.data) if ev.data != "[DONE]" else {}
+                finished = any(c.get("finish_reason") for c in data.get("choices", []))
+                if finished or ev.data == "[DONE]":
+                    assert status == "ok"  # committed before the finish chunk was sent
+                elif status == "in_flight":
+                    seen_in_flight = True  # and the in-flight row was on disk before the first byte
+    assert seen_in_flight
