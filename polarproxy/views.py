@@ -84,6 +84,7 @@ def call_rows(calls: list[Call], *, with_tokens: bool = False) -> list[dict[str,
             "weight_version": c.weight_version,
             "render_mode": c.render_mode,
             "extended_from": c.extended_from,
+            "has_tools": c.has_tools,
             "completion": c.completion,
         }
         if with_tokens:
@@ -137,7 +138,7 @@ def render_episode(
             (c.status, STATUS_STYLE.get(c.status, "")),
             f"  {c.method} {c.path}  {c.dialect}{' stream' if c.stream else ''}  "
             f"prompt {len(c.prompt_ids)} + output {len(c.output_ids)} tokens  finish {c.finish_reason}  "
-            f"{(c.latency_ms or 0):.0f} ms  prompt {render}",
+            f"{(c.latency_ms or 0):.0f} ms  prompt {render}{'' if c.has_tools else '  no tools (side request)'}",
         )
         console.print(head)
         if c.error:

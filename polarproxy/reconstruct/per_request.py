@@ -24,6 +24,7 @@ def call_metadata(call: Call, episode: Episode | None) -> dict[str, Any]:
         "backend": call.backend,
         "backend_kind": call.backend_kind,
         "call_status": call.status,
+        "has_tools": call.has_tools,
     }
 
 

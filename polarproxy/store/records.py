@@ -120,3 +120,9 @@ class Call:
     prompt_tokens: int | None
     completion_tokens: int | None
     reward: float | None = None
+
+    @property
+    def has_tools(self) -> bool:
+        """Whether the request offered the model any tools. Side requests (titles, routers, commit
+        messages) are ordinary calls of their episode that offer none."""
+        return bool((self.conversation or {}).get("tools"))

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from polarproxy.reconstruct import assert_round_trip, get_strategy, per_request, reconstruct
+from polarproxy.store import CallResult, CallStart, EpisodeStart
 
 
 def _episodes(store):
@@ -90,6 +91,7 @@ def test_reward_and_group_come_from_the_episode_and_a_call_reward_overrides(reco
         "backend": "",
         "backend_kind": "sglang",
         "call_status": "ok",
+        "has_tools": True,
     }
     calls = list(store.iter_calls([ep1], status="ok"))
     calls[1].reward = 0.25
@@ -128,3 +130,34 @@ def test_strategies_are_looked_up_by_name():
     assert list(reconstruct("per-request", [])) == []
     with pytest.raises(ValueError, match=r"Unknown strategy 'prefix'. Must be one of 'per-request'"):
         get_strategy("prefix")
+
+
+def test_side_requests_are_ordinary_calls_marked_as_having_no_tools(recorded):
+    """A title/router/commit-message request offers no tools: it stays a call of its episode, marked so."""
+    store, _ids = recorded
+    ep = store.create_episode(EpisodeStart(command=["opencode"]))
+    tool = {"name": "ls", "description": "List.", "parameters": {"type": "object", "properties": {}}}
+    ids = []
+    for tools, prompt in (([tool], [1, 2]), ([], [4])):
+        conv = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "sampling": {}, "model": "m"}
+        start = CallStart(
+            episode_id=ep,
+            dialect="openai_chat",
+            method="POST",
+            path="/v1/chat/completions",
+            model="m",
+            stream=False,
+            request_headers={},
+            request_body="{}",
+            prompt_ids=prompt,
+            backend_kind="sglang",
+            conversation=conv,
+        )
+        call_id, _ = store.begin_call(start)
+        store.finish_call(call_id, CallResult(status="ok", output_ids=[3], output_logprobs=[-0.1]))
+        ids.append(call_id)
+    main, side = ids
+    calls = {c.id: c for c in store.list_calls(ep)}
+    assert calls[main].has_tools and not calls[side].has_tools
+    rows = {t.call_ids[0]: t.metadata["has_tools"] for t in per_request(store.list_calls(ep))}
+    assert rows == {main: True, side: False}
