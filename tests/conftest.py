@@ -129,3 +129,42 @@ def make_backend():
     for b in started:
         if b.proc.poll() is None:
             b.kill()
+
+
+@dataclass
+class PgServer:
+    """A PostgreSQL server for tests: `url` of a database on it, and fresh databases on demand."""
+
+    url: str
+
+    def create_database(self, prefix: str = "t") -> str:
+        """A new, empty database; returns its URL."""
+        import uuid
+
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return make_url(self.url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One PostgreSQL for the session: $POLARPROXY_TEST_PG (a database URL on a server where the tests may
+    create databases) if set, else a throwaway PostgreSQL 15 cluster (tests/pgcluster.py). In CI (CI set) a
+    cluster that does not start fails the tests; elsewhere they skip with the reason."""
+    import os
+
+    env = os.environ.get("POLARPROXY_TEST_PG")
+    if env:
+        yield PgServer(env)
+        return
+    from pgcluster import pg_cluster_or_skip
+
+    cluster = pg_cluster_or_skip()
+    try:
+        yield PgServer(cluster.url)
+    finally:
+        cluster.destroy()

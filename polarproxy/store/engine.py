@@ -5,6 +5,10 @@ loss can lose the last commits), a 10 s busy timeout and foreign keys, all set o
 The driver's own transaction handling is switched off and SQLAlchemy's `begin` emits `BEGIN` for reads and
 `BEGIN IMMEDIATE` for writes, so a read-then-write transaction (allocating a call's sequence number) holds
 the write lock from its first statement, across threads and processes.
+
+PostgreSQL (psycopg 3): a small connection pool per process, checked before use; transactions are READ
+COMMITTED, and the writes that must be atomic are single statements (`UPDATE ... RETURNING` for a sequence
+number, which locks only that episode's row), so writers of different episodes never wait on each other.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
 BUSY_TIMEOUT_S = 10.0
+# PostgreSQL: connections per process. A proxy writes from one thread (group commit) and reads from a few,
+# so a handful each lets many proxies share one server (max_connections is 100 by default).
+PG_POOL_SIZE = 4
+PG_POOL_OVERFLOW = 8
 _WRITE = "polarproxy_write"
 
 
@@ -29,6 +37,15 @@ def is_sqlite_memory(url: str) -> bool:
 def make_engine(url: str) -> Engine:
     """An engine for a SQLAlchemy URL, configured as described in the module docstring."""
     u = make_url(url)
+    if u.get_backend_name() == "postgresql":
+        return create_engine(
+            u,
+            pool_pre_ping=True,  # a connection dropped by a server restart is replaced, not handed out
+            pool_size=PG_POOL_SIZE,
+            max_overflow=PG_POOL_OVERFLOW,
+            pool_timeout=BUSY_TIMEOUT_S,
+            connect_args={"connect_timeout": int(BUSY_TIMEOUT_S), "application_name": "polarproxy"},
+        )
     if u.get_backend_name() != "sqlite":
         return create_engine(u, pool_pre_ping=True)
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": BUSY_TIMEOUT_S}}

@@ -141,3 +141,42 @@ def m001_initial(conn: Connection) -> None:
         Index("ix_calls_status", "status"),
     )
     meta.create_all(conn)
+
+
+@migration
+def m002_writers(conn: Connection) -> None:
+    """Issue 5 parts 4-6: who records each running episode (store/owners.py), so that a crashed proxy's
+    in-flight calls can be told from a live one's. One `writers` row per recording process, with the
+    heartbeat it refreshes; `episodes.writer_id` names the process that records the episode."""
+    meta = MetaData()
+    Table(
+        "writers",
+        meta,
+        Column("id", String, primary_key=True),
+        Column("host", String, nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("machine", String),
+        Column("proc_start", String),
+        Column("started_at", Float, nullable=False),
+        Column("heartbeat_at", Float, nullable=False),
+    )
+    meta.create_all(conn)
+    conn.execute(text("ALTER TABLE episodes ADD COLUMN writer_id VARCHAR"))
+    conn.execute(text("CREATE INDEX ix_episodes_status ON episodes (status)"))
+
+
+@migration
+def m003_calls_prompt_base_index(conn: Connection) -> None:
+    """Issue 5 part 2 (linear-size token storage): calls store prompts as references to earlier calls, so
+    finding the calls that use a call as their base (finishing it again, deleting an episode: PostgreSQL
+    checks the foreign key for every deleted row) must not scan the table."""
+    conn.execute(text("CREATE INDEX ix_calls_prompt_base ON calls (prompt_base_call_id)"))
+
+
+@migration
+def m004_calls_bodies_delta(conn: Connection) -> None:
+    """Issue 5 part 2: harnesses resend the whole history, so request bodies grew quadratically per
+    episode; a call with a prompt base may store its request body and conversation as compressed edits of
+    the base's (store/textdelta.py). Rows written before keep their bodies whole (the column is NULL)."""
+    blob = "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
+    conn.execute(text(f"ALTER TABLE calls ADD COLUMN bodies_delta {blob}"))

@@ -3,6 +3,7 @@ tokens it adds (`full_sequence(base)[:base_len] + tail`, full_sequence(call) = p
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,10 @@ class Rebuilder:
             )
         return base[: row.base_len].tolist() + unpack_ids(row.tail)
 
+    def full_sequence(self, call_id: str) -> array:
+        """prompt(call) + output(call) as an `array('i')`."""
+        return self._full_sequence(call_id)
+
     def _full_sequence(self, call_id: str) -> Any:
         chain: list[TokenRow] = []
         seen: set[str] = set()
@@ -99,3 +104,83 @@ class Rebuilder:
             seq = prompt + unpack_ids_array(row.output)
             self._remember(self._full, row.id, seq)
         return seq
+
+
+@dataclass(slots=True, frozen=True)
+class BodyRow:
+    id: str
+    base_id: str | None
+    delta: bytes | None
+    request_body: str
+    conversation_json: str | None
+
+
+BODY_COLUMNS = (C.c.id, C.c.prompt_base_call_id, C.c.bodies_delta, C.c.request_body, C.c.conversation_json)
+
+
+def body_row(row: Row[Any]) -> BodyRow:
+    m = row._mapping
+    delta = m["bodies_delta"]
+    return BodyRow(
+        m["id"],
+        m["prompt_base_call_id"],
+        None if delta is None else bytes(delta),
+        m["request_body"],
+        m["conversation_json"],
+    )
+
+
+class BodyRebuilder:
+    """Rebuilds request bodies and conversations stored as edits of the prompt base's (textdelta.py),
+    following bases iteratively and keeping the most recent ones, so reading an episode in order is linear."""
+
+    def __init__(self, load: Callable[[str], BodyRow]):
+        self._load = load
+        self._full: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+
+    def bodies(self, row: BodyRow) -> tuple[str, str | None]:
+        """(request_body, conversation_json) of the call."""
+        if row.delta is None:
+            out = (row.request_body, row.conversation_json)
+        else:
+            out = self._apply(row, self.full(row.base_id, row.id))
+        Rebuilder._remember(self._full, row.id, out)
+        return out
+
+    def full(self, call_id: str | None, of: str) -> tuple[str, str | None]:
+        if call_id is None:
+            raise StoreError(f"Call {of} stores its request body as an edit but has no base call.")
+        chain: list[BodyRow] = []
+        current: str | None = call_id
+        seen: set[str] = set()
+        out: tuple[str, str | None] | None = None
+        while current is not None:
+            if current in self._full:
+                out = self._full[current]
+                break
+            if current in seen:
+                raise StoreError(f"Call {current} is its own base (a cycle). The database is inconsistent.")
+            seen.add(current)
+            row = self._load(current)
+            chain.append(row)
+            if row.delta is None:
+                break
+            current = row.base_id
+            if current is None:
+                raise StoreError(f"Call {row.id} stores its request body as an edit but has no base call.")
+        for row in reversed(chain):
+            out = (row.request_body, row.conversation_json) if row.delta is None else self._apply(row, out)
+            Rebuilder._remember(self._full, row.id, out)
+        assert out is not None
+        return out
+
+    @staticmethod
+    def _apply(row: BodyRow, base: tuple[str, str | None] | None) -> tuple[str, str | None]:
+        from polarproxy.store import textdelta
+
+        assert base is not None and row.delta is not None
+        try:
+            body, conv = textdelta.decode(base, row.delta)
+        except ValueError as exc:
+            raise StoreError(f"Call {row.id}'s stored request body cannot be rebuilt: {exc}.") from exc
+        return body or "", conv

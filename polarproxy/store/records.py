@@ -42,6 +42,11 @@ class CallStart:
     extended_from: str | None = None  # call id whose prompt+output this prompt extends
     render_note: str | None = None  # why the call was rendered fresh where it could have extended
     started_at: float = 0.0
+    # Linear-size storage: an earlier call of the episode whose token sequence (prompt + output) this
+    # prompt starts with, and how many of its tokens (None: all of them). A hint only: the store verifies
+    # the tokens, and also finds a shared prefix by itself when no hint is given.
+    prompt_base_call_id: str | None = None
+    prompt_base_len: int | None = None
 
 
 @dataclass(slots=True)
@@ -120,6 +125,10 @@ class Call:
     prompt_tokens: int | None
     completion_tokens: int | None
     reward: float | None = None
+    # How the prompt is stored: `full_sequence(prompt_base_call_id)[:prompt_base_len]` + the tokens it adds
+    # (None and 0 when stored whole). `prompt_ids` is always the whole prompt, rebuilt.
+    prompt_base_call_id: str | None = None
+    prompt_base_len: int = 0
 
     @property
     def has_tools(self) -> bool:

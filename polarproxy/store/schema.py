@@ -44,7 +44,24 @@ episodes = Table(
     Column("ended_at", Float),
     Column("metadata_json", Text, nullable=False),
     Column("next_seq", Integer, nullable=False, server_default="0"),
+    # m002_writers (issue 5 parts 4-6, store/owners.py): the process recording the episode; keep it last
+    Column("writer_id", String),
     Index("ix_episodes_started_at", "started_at"),
+    Index("ix_episodes_status", "status"),
+)
+
+# m002_writers: one row per recording process (host, pid, process start) and the heartbeat it refreshes,
+# so `polarproxy db repair` can tell a crashed proxy's running episodes from a live one's (store/owners.py).
+writers = Table(
+    "writers",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("host", String, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("machine", String),
+    Column("proc_start", String),
+    Column("started_at", Float, nullable=False),
+    Column("heartbeat_at", Float, nullable=False),
 )
 
 calls = Table(
@@ -88,6 +105,10 @@ calls = Table(
     Column("prompt_tokens", Integer),
     Column("completion_tokens", Integer),
     Column("reward", Float),
+    # m004: request_body and conversation_json as compressed edits of the prompt base's (textdelta.py);
+    # then request_body is '' and conversation_json NULL. NULL: both are stored whole.
+    Column("bodies_delta", LargeBinary),
     Index("ix_calls_episode_seq", "episode_id", "seq", unique=True),
     Index("ix_calls_status", "status"),
+    Index("ix_calls_prompt_base", "prompt_base_call_id"),  # m003: the calls that use a call as their base
 )

@@ -11,24 +11,33 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, get_args
 
 import orjson
 from sqlalchemy import Connection, Engine, Row, and_, bindparam, func, or_, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 
 from polarproxy.redact import REDACTED, redact_headers, redact_path
-from polarproxy.store import schema
+from polarproxy.store import schema, textdelta
 from polarproxy.store.arrays import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from polarproxy.store.bases import Base, Known, RecentCalls, choose_base
 from polarproxy.store.engine import is_sqlite_memory, make_engine, read_transaction, write_transaction
 from polarproxy.store.errors import AmbiguousIdError, NotFoundError, StoreError
 from polarproxy.store.ids import CALL_PREFIX, EPISODE_PREFIX, new_call_id, new_episode_id
 from polarproxy.store.migrations import migrate
-from polarproxy.store.rebuild import TOKEN_COLUMNS, Rebuilder, TokenRow, token_row
+from polarproxy.store.rebuild import (
+    BODY_COLUMNS,
+    TOKEN_COLUMNS,
+    BodyRebuilder,
+    BodyRow,
+    Rebuilder,
+    TokenRow,
+    body_row,
+    token_row,
+)
 from polarproxy.store.records import (
     Call,
     CallResult,
@@ -38,12 +47,14 @@ from polarproxy.store.records import (
     EpisodeStart,
     EpisodeStatus,
 )
+from polarproxy.store.urls import display_url, is_url, sqlalchemy_url
 
 log = logging.getLogger(__name__)
 
 CALL_STATUSES: tuple[str, ...] = get_args(CallStatus)
 EPISODE_STATUSES: tuple[str, ...] = get_args(EpisodeStatus)
 _BATCH = 64  # calls read per transaction by iter_calls
+MIN_REFERENCE_TOKENS = 8  # shorter prompts are always stored whole
 
 E = schema.episodes
 C = schema.calls
@@ -56,12 +67,25 @@ _NEXT_SEQ = (
     .returning(E.c.next_seq)
 )
 _INSERT_CALL = C.insert()
-_FINISH_CALL = C.update().where(C.c.id == bindparam("b_call_id"))  # SET: the parameters given
+_LATER = C.alias("later")
+# SET: the parameters given. A finished call whose output later calls use as part of their prompt keeps
+# that output: finishing it again is allowed only with the same output IDs (a replay), else no row matches.
+_FINISH_CALL = C.update().where(
+    C.c.id == bindparam("b_call_id"),
+    or_(
+        C.c.status == "in_flight",
+        C.c.output_ids == bindparam("b_output_ids"),
+        ~select(_LATER.c.id)
+        .where(_LATER.c.prompt_base_call_id == C.c.id, _LATER.c.prompt_base_len > C.c.prompt_len)
+        .exists(),
+    ),
+)
 
 
 def default_db_url() -> str:
-    """`$POLARPROXY_DB` (a path or a URL) if set, else `$XDG_DATA_HOME/polarproxy/polarproxy.db`
-    (`~/.local/share/polarproxy/polarproxy.db` without XDG_DATA_HOME)."""
+    """`$POLARPROXY_DB` (a path or a URL, e.g. postgresql://user@host/db) if set, else
+    `$XDG_DATA_HOME/polarproxy/polarproxy.db` (`~/.local/share/polarproxy/polarproxy.db` without
+    XDG_DATA_HOME)."""
     env = os.environ.get("POLARPROXY_DB")
     if env:
         return env
@@ -92,6 +116,37 @@ def _redacted_path(path: str) -> str:
     return out
 
 
+def _insert_unless_exists(conn: Connection) -> Any:
+    """An episode INSERT that inserts nothing (and returns no row) when the ID exists, instead of failing."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(E).on_conflict_do_nothing(index_elements=[E.c.id])
+    if conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(E).on_conflict_do_nothing(index_elements=[E.c.id])
+    return E.insert()
+
+
+def _transaction_failed(conn: Connection) -> bool:
+    """PostgreSQL: whether a statement of the open transaction failed (it can then only roll back; a
+    COMMIT would silently roll back the writes before the failure)."""
+    if conn.dialect.name != "postgresql":
+        return False
+    from psycopg.pq import TransactionStatus
+
+    raw = conn.connection.dbapi_connection
+    return raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+
+
+def _bodies_delta(base: Known, bodies: tuple[str, str | None]) -> bytes | None:
+    """The request body and conversation as compressed edits of the base call's, or None (stored whole)
+    when that is not smaller."""
+    delta = textdelta.encode(base.bodies, bodies)
+    return delta if len(delta) < len(bodies[0]) + len(bodies[1] or "") else None
+
+
 def _like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
@@ -101,7 +156,10 @@ class Store:
 
     def __init__(self, engine: Engine, *, url: str):
         self.engine = engine
-        self.url = url
+        self.connect_url = url  # holds the password, if any: never print or log it
+        self.url = display_url(url)  # what may be shown (T5)
+        self.dialect: str = engine.dialect.name  # 'sqlite' | 'postgresql'
+        self._recent = RecentCalls()  # committed token sequences, to store new prompts as references
         # A shared in-memory SQLite database is one connection: serialize its transactions.
         self._lock: AbstractContextManager[Any] = (
             threading.RLock() if is_sqlite_memory(url) else nullcontext()
@@ -115,13 +173,21 @@ class Store:
         """Open (creating and migrating as needed) the database at a path or SQLAlchemy URL.
 
         None means `default_db_url()`; a plain path is a SQLite file (parent folders are created);
-        `:memory:` is a private in-memory SQLite database.
+        `:memory:` is a private in-memory SQLite database; `postgresql://user@host:port/db` is PostgreSQL
+        through psycopg 3 (see urls.py).
         """
         target = default_db_url() if url is None else os.fspath(url)
+        shown = display_url(target)
         if target == ":memory:":
             sa_url = "sqlite://"
-        elif "://" in target:
-            sa_url = target
+        elif is_url(target):
+            try:
+                sa_url = sqlalchemy_url(target).render_as_string(hide_password=False)
+            except (ArgumentError, ValueError) as exc:
+                raise StoreError(
+                    f"Cannot open the database {shown}: {exc}. "
+                    "Use sqlite:///PATH, postgresql://USER@HOST:PORT/DB, or a plain file path."
+                ) from exc
         else:
             path = Path(target).expanduser()
             try:
@@ -137,9 +203,7 @@ class Store:
                     "Pass --db PATH or set POLARPROXY_DB to a file path."
                 )
             sa_url = "sqlite:///" + str(path.resolve())
-        shown = sa_url
         try:
-            shown = make_url(sa_url).render_as_string(hide_password=True)
             engine = make_engine(sa_url)
         except (ArgumentError, ImportError, ValueError) as exc:
             raise StoreError(
@@ -154,7 +218,7 @@ class Store:
             engine.dispose()
             reason = getattr(exc, "orig", None) or exc
             raise StoreError(
-                f"Cannot open the database {target if '://' not in target else shown}: {reason}. "
+                f"Cannot open the database {shown}: {reason}. "
                 "Check that it is a polarproxy database and writable, or pass --db / set POLARPROXY_DB "
                 "to another location."
             ) from exc
@@ -178,7 +242,7 @@ class Store:
         if getattr(self._local, "conn", None) is not None:
             yield
             return
-        with self._write() as conn:
+        with self._write() as conn:  # its after-commit actions run once the whole block committed
             self._local.conn = conn
             try:
                 yield
@@ -191,13 +255,29 @@ class Store:
         if batch is not None:
             yield batch
             return
+        hooks: list[Callable[[], None]] = []
+        self._local.hooks = hooks
         try:
-            with self._lock, write_transaction(self.engine) as conn:
-                yield conn
+            try:
+                with self._lock, write_transaction(self.engine) as conn:
+                    yield conn
+                    if _transaction_failed(conn):
+                        raise StoreError(
+                            f"A write to {self.url} failed inside a transaction; it was rolled back. "
+                            "Retry the writes one by one."
+                        )
+            finally:
+                self._local.hooks = None
         except IntegrityError:
             raise
         except SQLAlchemyError as exc:
             raise self._error("write to", exc) from exc
+        for fn in hooks:  # committed: now what was written may be remembered
+            fn()
+
+    def _after_commit(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once the current write transaction (or batch) has committed; never if it rolls back."""
+        self._local.hooks.append(fn)
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -208,10 +288,9 @@ class Store:
             raise self._error("read", exc) from exc
 
     def _error(self, verb: str, exc: SQLAlchemyError) -> StoreError:
-        shown = make_url(self.url).render_as_string(hide_password=True)
         reason = getattr(exc, "orig", None) or exc
         return StoreError(
-            f"Cannot {verb} the database {shown}: {reason}. Check free disk space and that no other "
+            f"Cannot {verb} the database {self.url}: {reason}. Check free disk space and that no other "
             "program holds a long write lock on it."
         )
 
@@ -235,20 +314,21 @@ class Store:
             "metadata_json": _dumps(start.metadata),
             "next_seq": 0,
         }
-        for attempt in range(3):
+        for _attempt in range(3):
             eid = episode_id or new_episode_id()
-            try:
-                with self._write() as conn:
-                    conn.execute(E.insert().values(id=eid, **values))
+            # ON CONFLICT DO NOTHING, not a caught IntegrityError: on PostgreSQL an error aborts the whole
+            # transaction, which may be a batch holding other writes.
+            with self._write() as conn:
+                inserted = conn.execute(
+                    _insert_unless_exists(conn).values(id=eid, **values).returning(E.c.id)
+                ).first()
+            if inserted:
                 return eid
-            except IntegrityError as exc:
-                if episode_id is not None and exist_ok and self._exists(E, episode_id):
+            if episode_id is not None:
+                if exist_ok:
                     return episode_id
-                if episode_id is not None or attempt == 2:
-                    raise StoreError(
-                        f"Cannot create episode {eid!r}: an episode with that ID exists."
-                    ) from exc
-        raise AssertionError("unreachable")
+                raise StoreError(f"Cannot create episode {eid!r}: an episode with that ID exists.")
+        raise StoreError("Cannot create an episode: three new IDs in a row were taken. Check the clock.")
 
     def finish_episode(self, episode_id: str, *, status: EpisodeStatus, exit_code: int | None = None) -> None:
         """Record how the episode ended (status, the harness's exit code) and when."""
@@ -351,12 +431,21 @@ class Store:
 
     # ---- calls ---------------------------------------------------------------------------------------
 
-    def begin_call(self, start: CallStart) -> tuple[str, int]:
+    def begin_call(self, start: CallStart, *, call_id: str | None = None) -> tuple[str, int]:
         """Insert an `in_flight` call and return (call_id, seq); it is on disk when this returns.
 
+        `call_id` (issue 5 part 5, the spool): an ID made by the caller with `new_call_id()`, so that a call
+        spooled while the database was down keeps its ID when it is replayed; default a new one.
+
         Defensively (the capture layer redacts first) secret headers and query parameters that arrive
-        unredacted are stored as `<redacted>`."""
+        unredacted are stored as `<redacted>`.
+
+        The prompt is stored as a verified reference to an earlier call of the episode plus the tokens it
+        adds, when one shares a prefix with it (bases.py); else whole."""
         prompt = pack_ids(start.prompt_ids)
+        bodies = (start.request_body, None if start.conversation is None else _dumps(start.conversation))
+        chosen = self._choose_base(start, prompt)
+        base, delta = (None, None) if chosen is None else (chosen[0], _bodies_delta(chosen[1], bodies))
         values = {
             "episode_id": start.episode_id,
             "dialect": start.dialect,
@@ -366,8 +455,9 @@ class Store:
             "stream": bool(start.stream),
             "status": "in_flight",
             "request_headers_json": _dumps(_redacted_headers(start.request_headers)),
-            "request_body": start.request_body,
-            "conversation_json": None if start.conversation is None else _dumps(start.conversation),
+            "request_body": bodies[0],
+            "conversation_json": bodies[1],
+            "bodies_delta": None,
             "prompt_base_call_id": None,
             "prompt_base_len": 0,
             "prompt_tail_ids": prompt,
@@ -383,7 +473,7 @@ class Store:
             "render_note": start.render_note,
             "started_at": start.started_at or time.time(),
         }
-        call_id = new_call_id()
+        call_id = call_id or new_call_id()
         with self._write() as conn:
             next_seq = conn.execute(_NEXT_SEQ, {"b_episode_id": start.episode_id}).scalar_one_or_none()
             if next_seq is None:
@@ -391,8 +481,65 @@ class Store:
                     f"No episode {start.episode_id!r} to add a call to. Create it with create_episode first."
                 )
             seq = next_seq - 1
+            if base is not None and self._base_holds(conn, base, start.episode_id):
+                values["prompt_base_call_id"] = base.call_id
+                values["prompt_base_len"] = base.length
+                values["prompt_tail_ids"] = prompt[4 * base.length :]
+                if delta is not None:  # the bodies as edits of the base's (textdelta.py)
+                    values.update(request_body="", conversation_json=None, bodies_delta=delta)
             conn.execute(_INSERT_CALL, {"id": call_id, "seq": seq, **values})
+            self._after_commit(lambda: self._recent.began(start.episode_id, call_id, prompt, bodies))
         return call_id, seq
+
+    def _choose_base(self, start: CallStart, prompt: bytes) -> tuple[Base, Known] | None:
+        if len(prompt) < 4 * MIN_REFERENCE_TOKENS:
+            return None
+        candidates = self._recent.candidates(start.episode_id)
+        hint = start.prompt_base_call_id or start.extended_from
+        if hint is not None:
+            known = next((k for k in candidates if k.call_id == hint), None) or self._load_known(
+                hint, start.episode_id
+            )
+            if known is not None:
+                candidates = [known, *(k for k in candidates if k.call_id != hint)]
+        hint_len = start.prompt_base_len if start.prompt_base_call_id else None
+        base = choose_base(prompt, candidates, hint=hint, hint_len=hint_len)
+        return None if base is None else (base, next(k for k in candidates if k.call_id == base.call_id))
+
+    def _load_known(self, call_id: str, episode_id: str) -> Known | None:
+        """A call of `episode_id` that this store does not remember, read back (None if it is not one)."""
+        try:
+            with self._read() as conn:
+                row = conn.execute(
+                    select(C.c.episode_id, C.c.prompt_len, C.c.output_len, C.c.status).where(
+                        C.c.id == call_id
+                    )
+                ).first()
+            if row is None or row.episode_id != episode_id:
+                return None
+            full = Rebuilder(self._load_token_row).full_sequence(call_id)
+            bodies = BodyRebuilder(self._load_body_row).full(call_id, call_id)
+        except StoreError as exc:
+            log.debug("prompt base %s not usable: %s", call_id, exc)
+            return None
+        finished = row.status != "in_flight"
+        return Known(
+            call_id, episode_id, pack_ids(full), row.prompt_len, row.output_len if finished else None, bodies
+        )
+
+    @staticmethod
+    def _base_holds(conn: Connection, base: Base, episode_id: str) -> bool:
+        """Inside the write transaction: the base is still the call of this episode whose tokens were
+        compared (on PostgreSQL its row is share-locked until commit, so its output cannot change)."""
+        query = select(C.c.episode_id, C.c.prompt_len, C.c.output_len).where(C.c.id == base.call_id)
+        if conn.dialect.name == "postgresql":
+            query = query.with_for_update(read=True)
+        row = conn.execute(query).first()
+        if row is None or row.episode_id != episode_id or row.prompt_len != base.prompt_len:
+            return False
+        if base.length <= row.prompt_len:
+            return True
+        return base.output_len is not None and row.output_len == base.output_len
 
     def finish_call(self, call_id: str, result: CallResult) -> None:
         """Record how a call ended; on disk when this returns."""
@@ -404,13 +551,14 @@ class Store:
                 f"Call {call_id} has {len(result.output_ids)} output IDs but {len(result.output_logprobs)} "
                 "logprobs; give one logprob per sampled ID, or none."
             )
+        output = pack_ids(result.output_ids)
         values = {
             "status": result.status,
             "error": result.error,
             "http_status": result.http_status,
             "response_body": result.response_body,
             "completion_json": None if result.completion is None else _dumps(result.completion),
-            "output_ids": pack_ids(result.output_ids),
+            "output_ids": output,
             "output_logprobs": pack_logprobs(result.output_logprobs),
             "output_len": len(result.output_ids),
             "finish_reason": result.finish_reason,
@@ -422,8 +570,15 @@ class Store:
             "completion_tokens": result.completion_tokens,
         }
         with self._write() as conn:
-            updated = conn.execute(_FINISH_CALL, {"b_call_id": call_id, **values})
+            updated = conn.execute(_FINISH_CALL, {"b_call_id": call_id, "b_output_ids": output, **values})
+            if updated.rowcount == 1:
+                self._after_commit(lambda: self._recent.finished(call_id, output))
         if updated.rowcount == 0:
+            if self._exists(C, call_id):
+                raise StoreError(
+                    f"Call {call_id!r} is finished and later calls store their prompts as its tokens; "
+                    "its output IDs cannot change. Record a new call instead."
+                )
             raise NotFoundError(f"No call {call_id!r} to finish. Start it with begin_call first.")
 
     def mark_interrupted_calls(self) -> int:
@@ -445,7 +600,7 @@ class Store:
         cid = self._resolve(C, call_id, CALL_PREFIX, "call", "polarproxy show EPISODE")
         with self._read() as conn:
             row = conn.execute(select(C).where(C.c.id == cid)).one()
-        return self._call(row, Rebuilder(self._load_token_row))
+        return self._call(row, Rebuilder(self._load_token_row), BodyRebuilder(self._load_body_row))
 
     def list_calls(self, episode_id: str) -> list[Call]:
         """The calls of one episode in sequence order."""
@@ -471,7 +626,7 @@ class Store:
             raise NotFoundError(
                 f"No episode {', '.join(map(repr, missing))}. Run `polarproxy ls` to list them."
             )
-        rebuilder = Rebuilder(self._load_token_row)
+        rebuilder, bodies = Rebuilder(self._load_token_row), BodyRebuilder(self._load_body_row)
         for eid in ordered:
             last_seq = -1
             while True:
@@ -481,10 +636,20 @@ class Store:
                 with self._read() as conn:
                     rows = conn.execute(batch.order_by(C.c.seq).limit(_BATCH)).all()
                 for row in rows:
-                    yield self._call(row, rebuilder)
+                    yield self._call(row, rebuilder, bodies)
                 if len(rows) < _BATCH:
                     break
                 last_seq = rows[-1]._mapping["seq"]
+
+    def _load_body_row(self, call_id: str) -> BodyRow:
+        with self._read() as conn:
+            row = conn.execute(select(*BODY_COLUMNS).where(C.c.id == call_id)).first()
+        if row is None:
+            raise StoreError(
+                f"Call {call_id!r}, the base of another call's request body, is missing. "
+                "The database is inconsistent."
+            )
+        return body_row(row)
 
     def _load_token_row(self, call_id: str) -> TokenRow:
         with self._read() as conn:
@@ -496,8 +661,9 @@ class Store:
         return token_row(row)
 
     @staticmethod
-    def _call(row: Row[Any], rebuilder: Rebuilder) -> Call:
+    def _call(row: Row[Any], rebuilder: Rebuilder, bodies: BodyRebuilder) -> Call:
         m = row._mapping
+        request_body, conversation_json = bodies.bodies(body_row(row))
         return Call(
             id=m["id"],
             episode_id=m["episode_id"],
@@ -511,9 +677,9 @@ class Store:
             error=m["error"],
             http_status=m["http_status"],
             request_headers=orjson.loads(m["request_headers_json"]),
-            request_body=m["request_body"],
+            request_body=request_body,
             response_body=m["response_body"],
-            conversation=_loads(m["conversation_json"]),
+            conversation=_loads(conversation_json),
             completion=_loads(m["completion_json"]),
             prompt_ids=rebuilder.prompt(token_row(row)),
             output_ids=unpack_ids(m["output_ids"]),
@@ -533,4 +699,6 @@ class Store:
             prompt_tokens=m["prompt_tokens"],
             completion_tokens=m["completion_tokens"],
             reward=m["reward"],
+            prompt_base_call_id=m["prompt_base_call_id"],
+            prompt_base_len=m["prompt_base_len"],
         )

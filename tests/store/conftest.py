@@ -1,4 +1,5 @@
-"""Fixtures for store tests: a real SQLite file in a temporary folder, and request factories."""
+"""Fixtures for store tests: the store on both backends (a real SQLite file in a temporary folder, and a
+fresh database on the session's real PostgreSQL 15), and request factories."""
 
 from __future__ import annotations
 
@@ -8,15 +9,31 @@ import pytest
 
 from polarproxy.store import CallResult, CallStart, EpisodeStart, Store
 
+BACKENDS = ["sqlite", "postgresql"]
+
 
 @pytest.fixture
 def db_path(tmp_path):
+    """A SQLite file path (for tests about SQLite itself)."""
     return tmp_path / "data" / "polarproxy.db"
 
 
+def backend_url(request: pytest.FixtureRequest, backend: str, path) -> str:
+    """A fresh, empty database of `backend`: the SQLite file `path`, or a new PostgreSQL database."""
+    if backend == "sqlite":
+        return str(path)
+    return request.getfixturevalue("pg_server").create_database()
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request, db_path) -> str:
+    """A fresh database, once per backend: a SQLite path, or a postgresql:// URL."""
+    return backend_url(request, request.param, db_path)
+
+
 @pytest.fixture
-def store(db_path):
-    s = Store.open(db_path)
+def store(store_url):
+    s = Store.open(store_url)
     yield s
     s.close()
 

@@ -1,0 +1,45 @@
+"""Where the store lives: a path, `:memory:`, or a URL, turned into a SQLAlchemy URL; and how it is shown.
+
+- a plain path is a SQLite file (parent folders are created by `Store.open`), `:memory:` a private
+  in-memory SQLite database;
+- `postgresql://...` and `postgres://...` use the psycopg 3 driver (`postgresql+psycopg://...`); a URL that
+  names its driver (`postgresql+psycopg://`, `sqlite:///`) is used as given.
+
+`display_url` is the only form that may be printed or logged (T5): the password is replaced and so is any
+`password=` query parameter, by `***`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+HIDDEN = "***"  # what SQLAlchemy shows for a hidden password
+_PG_SCHEMES = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:password|sslpassword)=)[^&]*")
+_USERINFO_PASSWORD = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*):[^@/]*@")
+
+
+def is_url(target: str) -> bool:
+    return "://" in target
+
+
+def sqlalchemy_url(target: str) -> URL:
+    """The SQLAlchemy URL for a URL string (not a path): PostgreSQL URLs get the psycopg 3 driver."""
+    url = make_url(target)
+    driver = _PG_SCHEMES.get(url.drivername)
+    return url.set(drivername=driver) if driver else url
+
+
+def display_url(target: str | URL) -> str:
+    """`target` with any password replaced by `<redacted>`; paths are returned unchanged."""
+    if isinstance(target, URL):
+        return _SECRET_QUERY.sub(rf"\g<1>{HIDDEN}", target.render_as_string(hide_password=True))
+    if not is_url(target):
+        return target
+    try:
+        return display_url(make_url(target))
+    except (ArgumentError, ValueError):  # not parseable: redact textually
+        return _SECRET_QUERY.sub(rf"\g<1>{HIDDEN}", _USERINFO_PASSWORD.sub(rf"\g<1>:{HIDDEN}@", target))

@@ -1,0 +1,45 @@
+"""Smoke run of the store benchmark: it runs end to end on both backends and reports every figure (no
+timing checks; the storage figures are exact counts, so they are checked)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration  # starts writer processes and a PostgreSQL cluster
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and x == x and x >= 0
+
+
+def test_quick_store_bench_reports_every_figure_for_both_backends(tmp_path: Path, pg_server) -> None:
+    out = tmp_path / "store.json"
+    env = {**__import__("os").environ, "POLARPROXY_BENCH_PG": pg_server.url}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "store_write.py"), "--quick", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "write throughput" in proc.stdout and "whole/linear token arrays" in proc.stdout
+    r = json.loads(out.read_text())
+    for backend in ("sqlite", "postgresql"):
+        for episodes, w in r["write"][backend].items():
+            assert w["concurrent_episodes"] == int(episodes)
+            assert all(_number(w[k]) and w[k] > 0 for k in ("calls_per_s", "tokens_per_s", "seconds"))
+        lin, whole = r["storage"][backend]["linear"], r["storage"][backend]["whole"]
+        assert lin["distinct_tokens"] == whole["distinct_tokens"] > 0
+        # linear: every distinct token ID stored once (4 bytes), plus a float32 logprob per output token
+        assert lin["token_ids_per_distinct_token_bytes"] == 4.0
+        assert whole["token_array_bytes"] > 3 * lin["token_array_bytes"]
+        assert all(_number(s[k]) for s in (lin, whole) for k in ("read_calls_per_s", "database_bytes"))
