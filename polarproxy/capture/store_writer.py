@@ -4,44 +4,131 @@ Each write is queued with a future; the thread takes everything queued so far an
 transaction (group commit), so under load one commit covers many calls. Futures resolve only after the
 commit, so a call awaited here is on disk (T6). If a grouped transaction fails, its writes are retried one
 by one, so one bad write fails alone.
+
+Outages (store/spool.py): when the database cannot take a write (unreachable, full, read-only), that write
+and every later one go to this writer's spool file, fsynced before their futures resolve, and a replayer
+thread applies the spool to the database in order once it answers, then goes back to writing directly. If
+the spool cannot be written either (disk full), the write fails and the gateway answers the harness with a
+provider-shaped 503 that names both causes. The happy path never touches the spool.
+
+Crashes (store/owners.py): the writer registers itself in `writers`, names itself as the writer of the
+episodes it records, and refreshes a heartbeat, so whoever opens the database after a crash can end this
+process's running episodes and mark their in-flight calls `interrupted`. On start it does that for writers
+that died before it (store/maintenance.py `recover`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
-from collections.abc import Callable
+import time
+from dataclasses import dataclass
 from typing import Any
 
+from polarproxy.store import maintenance, owners, spool
+from polarproxy.store.ids import new_call_id, new_episode_id
 from polarproxy.store.records import CallResult, CallStart, EpisodeStart
+from polarproxy.store.spool import SpoolError, SpoolFile, is_unavailable
 from polarproxy.store.store import Store
 
-MAX_GROUP = 128
+log = logging.getLogger("polarproxy.store_writer")
 
-_Op = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+MAX_GROUP = 128
+RETRY_FIRST_S = 0.25  # first wait before trying the database again after an outage; doubles up to:
+RETRY_MAX_S = 4.0
+CLOSE_DRAIN_S = 5.0  # how long `close` waits for a spool to drain before leaving it for `db repair`
+
+
+@dataclass(slots=True)
+class _Op:
+    op: dict[str, Any]  # a spool operation (spool.op_*)
+    fut: asyncio.Future[Any] | None
+    loop: asyncio.AbstractEventLoop | None
 
 
 class StoreWriter:
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        heartbeat_s: float = owners.HEARTBEAT_S,
+        stale_after: float = owners.STALE_AFTER_S,
+        recover: bool = True,
+    ) -> None:
         self.store = store
+        self.identity = owners.new_identity()
+        self.heartbeat_s = heartbeat_s
+        self.stale_after = stale_after
+        self.spool = SpoolFile(
+            spool.spool_dir(store.url) / f"{self.identity.id}{spool.SUFFIX}",
+            header={"db": store.url, "writer": self.identity.id, "pid": self.identity.pid},
+        )
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._known_episodes: set[str] = set()
+        self._mode = threading.Lock()  # guards _spooling and appends to the spool
+        self._spooling = False
+        self._db_error = ""  # why the database did not take the write that started spooling
+        self._replayed = 0  # spool offset applied so far
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._last_heartbeat = 0.0
+        self._recover = recover
         self._thread = threading.Thread(target=self._work, name="polarproxy-store", daemon=True)
+        self._replayer = threading.Thread(target=self._replay_loop, name="polarproxy-replay", daemon=True)
         self._thread.start()
+        self._replayer.start()
 
-    def _submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    # ---- state -------------------------------------------------------------------------------------------
+
+    @property
+    def spooling(self) -> bool:
+        """Whether writes are going to the spool (the database stopped answering)."""
+        return self._spooling
+
+    # ---- queueing ----------------------------------------------------------------------------------------
+
+    def _submit(self, op: dict[str, Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.put((fn, fut, loop))
+        self._queue.put(_Op(op, fut, loop))
         return fut
 
-    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await self._submit(lambda: fn(*args, **kwargs))
+    async def create_episode(self, start: EpisodeStart) -> str:
+        episode_id = await self._submit(
+            spool.op_create_episode(new_episode_id(), start, self.identity.id, reopen=False)
+        )
+        self._known_episodes.add(episode_id)
+        return episode_id  # type: ignore[no-any-return]
+
+    async def finish_episode(self, episode_id: str, *, status: str, exit_code: int | None) -> None:
+        await self._submit(spool.op_finish_episode(episode_id, status, exit_code))
+
+    async def ensure_episode(self, episode_id: str, start: EpisodeStart) -> None:
+        """Create the episode a harness named unless this writer knows it; an ended one runs again."""
+        if episode_id in self._known_episodes:
+            return
+        await self._submit(spool.op_create_episode(episode_id, start, self.identity.id, reopen=True))
+        self._known_episodes.add(episode_id)
+
+    async def begin_call(self, start: CallStart) -> tuple[str, int]:
+        """(call ID, seq); seq is -1 while the call waits in the spool (the database assigns it on replay)."""
+        return await self._submit(spool.op_begin_call(new_call_id(), start))  # type: ignore[no-any-return]
+
+    async def finish_call(self, call_id: str, result: CallResult) -> None:
+        await self._submit(spool.op_finish_call(call_id, result))
+
+    # ---- the writer thread -------------------------------------------------------------------------------
 
     def _work(self) -> None:
+        if self._recover:
+            self._recover_dead()
         while True:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=self.heartbeat_s)
+            except queue.Empty:
+                first = _Op({"op": "heartbeat"}, None, None)
             if first is None:
                 return
             ops = [first]
@@ -55,51 +142,170 @@ class StoreWriter:
                     stop = True
                     break
                 ops.append(nxt)
-            self._apply(ops)
+            if time.monotonic() - self._last_heartbeat >= self.heartbeat_s and ops[0].op["op"] != "heartbeat":
+                ops.insert(0, _Op({"op": "heartbeat"}, None, None))
+            try:
+                self._apply(ops)
+            except Exception as e:  # a bug here must not stop the thread that every call waits on
+                log.exception("store writer failed")
+                for o in ops:
+                    _settle(o, False, e)
             if stop:
                 return
 
     def _apply(self, ops: list[_Op]) -> None:
-        results: list[tuple[bool, Any]] = []
-        if len(ops) > 1:
+        with self._mode:
+            if self._spooling:
+                self._to_spool(ops)
+                return
+        try:
+            with self.store.batch():
+                results = [self._direct(o.op) for o in ops]
+        except Exception as e:
+            if is_unavailable(e):
+                self._start_spooling(e, ops)
+                return
+        else:
+            for o, value in zip(ops, results, strict=True):
+                _settle(o, True, value)
+            return
+        for i, o in enumerate(ops):  # rolled back on a bad write: one by one, so that it fails alone
             try:
                 with self.store.batch():
-                    results = [(True, fn()) for fn, _, _ in ops]
-            except Exception:
-                results = []  # rolled back: apply one by one so that only the bad write fails
-        if not results:
-            for fn, _, _ in ops:
-                try:
-                    results.append((True, fn()))
-                except Exception as e:
-                    results.append((False, e))
-        for (ok, value), (_, fut, loop) in zip(results, ops, strict=True):
-            loop.call_soon_threadsafe(_resolve, fut, ok, value)
+                    value = self._direct(o.op)
+            except Exception as e:
+                if is_unavailable(e):
+                    self._start_spooling(e, ops[i:])
+                    return
+                _settle(o, False, e)
+            else:
+                _settle(o, True, value)
 
-    async def create_episode(self, start: EpisodeStart) -> str:
-        episode_id = await self._run(self.store.create_episode, start)
-        self._known_episodes.add(episode_id)
-        return episode_id
+    def _direct(self, op: dict[str, Any]) -> Any:
+        if op["op"] == "heartbeat":
+            owners.heartbeat(self.store, self.identity)
+            self._last_heartbeat = time.monotonic()
+            return None
+        return spool.apply(self.store, op)
 
-    async def finish_episode(self, episode_id: str, *, status: str, exit_code: int | None) -> None:
-        await self._run(self.store.finish_episode, episode_id, status=status, exit_code=exit_code)
+    def _start_spooling(self, e: BaseException, ops: list[_Op]) -> None:
+        with self._mode:
+            if not self._spooling:
+                self._db_error = str(e)
+                self._spooling = True
+                log.warning("the database does not take writes (%s); spooling to %s", e, self.spool.path)
+            self._to_spool(ops)
+        self._wake.set()
 
-    async def ensure_episode(self, episode_id: str, start: EpisodeStart) -> None:
-        if episode_id in self._known_episodes:
+    def _to_spool(self, ops: list[_Op]) -> None:
+        """Append to the spool and fsync (the caller holds `_mode`); heartbeats are not spooled."""
+        ops = [o for o in ops if o.op["op"] != "heartbeat"]
+        if not ops:
             return
-        await self._run(self.store.create_episode, start, episode_id=episode_id, exist_ok=True)
-        self._known_episodes.add(episode_id)
+        try:
+            self.spool.append([o.op for o in ops])
+        except (OSError, TypeError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            err = SpoolError(
+                f"{self._db_error}; and the spool {self.spool.path} cannot be written either: "
+                f"{why}. Free disk space (or make the database writable) and try again."
+            )
+            for o in ops:
+                _settle(o, False, err)
+            return
+        for o in ops:
+            _settle(o, True, spool.spooled_result(o.op))
 
-    async def begin_call(self, start: CallStart) -> tuple[str, int]:
-        return await self._run(self.store.begin_call, start)
+    # ---- the replayer thread -----------------------------------------------------------------------------
 
-    async def finish_call(self, call_id: str, result: CallResult) -> None:
-        await self._run(self.store.finish_call, call_id, result)
+    def _recover_dead(self) -> None:
+        """Before this writer's first write: replay spools of dead writers, end their running episodes."""
+        try:
+            report = maintenance.recover(self.store, stale_after=self.stale_after)
+        except Exception as e:  # best effort: whoever opens the database next tries again
+            log.warning("could not recover the episodes of dead proxies: %s", e)
+            return
+        if report.episodes or report.replayed_ops:
+            log.warning(
+                "recovered: %d spooled writes replayed, %d episodes of dead proxies ended as interrupted",
+                report.replayed_ops,
+                len(report.episodes),
+            )
 
-    def close(self) -> None:
-        """Apply what is queued, then stop the thread."""
+    def _replay_loop(self) -> None:
+        wait = RETRY_FIRST_S
+        while not self._stopping.is_set():
+            if not self._spooling:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                wait = RETRY_FIRST_S
+                continue
+            if self._drain():
+                wait = RETRY_FIRST_S
+                continue
+            self._wake.wait(wait)
+            self._wake.clear()
+            wait = min(wait * 2, RETRY_MAX_S)
+
+    def _drain(self) -> bool:
+        """Replay the spool into the database; back to direct writes when it is empty. False: not yet."""
+        try:
+            with self.store.batch():
+                owners.heartbeat(self.store, self.identity)  # the database answers again
+        except Exception as e:
+            if not is_unavailable(e):
+                log.error("heartbeat failed: %s", e)
+            return False
+        while True:
+            # only what was fsynced: a failed append is cut off again, so its torn part is never applied
+            offset, res = spool.replay(
+                self.store, self.spool.path, offset=self._replayed, end=self.spool.committed
+            )
+            self._replayed = offset
+            if not res.done:
+                return False
+            with self._mode:
+                if self.spool.committed > offset:
+                    continue  # more was appended meanwhile
+                self.spool.discard()
+                self._replayed = 0
+                self._spooling = False
+                log.warning("the database answers again: the spool is replayed, writing directly")
+                return True
+
+    # ---- closing -----------------------------------------------------------------------------------------
+
+    def close(self, drain_s: float = CLOSE_DRAIN_S) -> None:
+        """Apply what is queued, end the episodes this writer still runs, let a spool drain (up to `drain_s`),
+        then stop. A spool that cannot drain stays on disk for `polarproxy db repair`."""
+        self._queue.put(_Op(spool.op_release(self.identity.id), None, None))
         self._queue.put(None)
         self._thread.join()
+        deadline = time.monotonic() + drain_s
+        while self._spooling and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.05)
+        self._stopping.set()
+        self._wake.set()
+        self._replayer.join()
+        if self._spooling:
+            log.error(
+                "the database did not come back: %s keeps the writes not yet stored; run `polarproxy db repair` "
+                "when it answers",
+                self.spool.path,
+            )
+        self.spool.close()
+
+
+def _settle(o: _Op, ok: bool, value: Any) -> None:
+    if o.fut is None or o.loop is None:
+        if not ok:
+            log.error("store write %s failed: %s", o.op["op"], value)
+        return
+    try:
+        o.loop.call_soon_threadsafe(_resolve, o.fut, ok, value)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        pass
 
 
 def _resolve(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from polarproxy.capture.store_writer import StoreWriter
+from polarproxy.store import spool
 from polarproxy.store.errors import StoreError
 from polarproxy.store.records import CallResult, CallStart, EpisodeStart
 from polarproxy.store.store import Store
@@ -77,3 +78,154 @@ def test_store_batch_rolls_back_as_a_whole(tmp_path):
         store.begin_call(start(ep, 1))
         store.finish_call("call_missing", CallResult(status="ok"))
     assert store.list_calls(ep) == []
+
+
+# ---- outages: the spool (issue 5 part 5) ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def spool_root(tmp_path, monkeypatch):
+    root = tmp_path / "spool"
+    monkeypatch.setenv("POLARPROXY_SPOOL_DIR", str(root))
+    return root
+
+
+def _unreachable(store: Store, folder, away) -> None:
+    """Take the database's folder away: new connections fail with SQLite's 'unable to open database file'."""
+    folder.rename(away)
+    store.engine.dispose()
+
+
+async def _wait(pred, timeout=20.0):
+    for _ in range(int(timeout / 0.05)):
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+async def test_happy_path_writes_no_spool_file(tmp_path, spool_root):
+    store = Store.open(tmp_path / "w.db")
+    writer = StoreWriter(store)
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    cid, seq = await writer.begin_call(start(ep, 1))
+    await writer.finish_call(cid, CallResult(status="ok", output_ids=[7], output_logprobs=[-0.5]))
+    writer.close()
+    assert seq == 0 and not spool_root.exists()
+
+
+async def test_unreachable_database_spools_in_order_and_replays_when_it_returns(tmp_path, spool_root):
+    folder, away = tmp_path / "db", tmp_path / "db-away"
+    store = Store.open(folder / "w.db")
+    writer = StoreWriter(store)
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    first, seq0 = await writer.begin_call(start(ep, 0))
+    await writer.finish_call(first, CallResult(status="ok", output_ids=[1], output_logprobs=[-0.1]))
+    _unreachable(store, folder, away)
+    began = [await writer.begin_call(start(ep, i)) for i in (1, 2, 3)]
+    assert [seq for _, seq in began] == [-1, -1, -1]  # the database hands out seq on replay
+    for i, (cid, _) in enumerate(began):
+        await writer.finish_call(cid, CallResult(status="ok", output_ids=[10 + i], output_logprobs=[-0.5]))
+    assert writer.spooling
+    [spool_file] = spool_root.glob("*/*.spool")
+    ops = [op["op"] for _, op in spool.read_records(spool_file)]
+    assert ops == ["begin_call"] * 3 + ["finish_call"] * 3
+    assert spool.pending(store.url)[0].calls == 3
+
+    away.rename(folder)
+    await _wait(lambda: not writer.spooling)
+    assert not spool_file.exists()
+    writer.close()
+    with Store.open(folder / "w.db") as reopened:
+        calls = reopened.list_calls(ep)
+    assert [(c.id, c.seq, c.status) for c in calls] == [
+        (first, seq0, "ok"),
+        *((cid, i + 1, "ok") for i, (cid, _) in enumerate(began)),
+    ]
+    assert [c.output_ids for c in calls] == [[1], [10], [11], [12]]
+    assert [c.prompt_ids for c in calls] == [[i, i + 1] for i in range(4)]
+
+
+async def test_a_spool_that_cannot_be_written_fails_the_write_naming_both_causes(tmp_path, spool_root):
+    folder, away = tmp_path / "db", tmp_path / "db-away"
+    store = Store.open(folder / "w.db")
+    writer = StoreWriter(store)
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    spool_root.parent.mkdir(exist_ok=True)
+    spool_root.write_text("a file where the spool folder should be")
+    _unreachable(store, folder, away)
+    with pytest.raises(StoreError) as e:
+        await writer.begin_call(start(ep, 1))
+    assert "unable to open database file" in str(e.value)
+    assert "cannot be written either" in str(e.value) and str(spool_root) in str(e.value)
+    away.rename(folder)
+    spool_root.unlink()
+    await _wait(lambda: not writer.spooling)  # the database answers again: direct writes
+    cid, seq = await writer.begin_call(start(ep, 2))
+    writer.close()
+    assert seq == 0
+    with Store.open(folder / "w.db") as reopened:
+        assert [c.id for c in reopened.list_calls(ep)] == [cid]
+
+
+def test_replaying_a_spool_twice_stores_each_call_once(tmp_path, spool_root):
+    from polarproxy.store.ids import new_call_id
+
+    store = Store.open(tmp_path / "r.db")
+    ep = store.create_episode(EpisodeStart(command=["x"]))
+    path = tmp_path / "one.spool"
+    f = spool.SpoolFile(path)
+    cids = [new_call_id() for _ in range(3)]
+    f.append([spool.op_begin_call(c, start(ep, i)) for i, c in enumerate(cids)])
+    f.append([spool.op_finish_call(c, CallResult(status="ok", output_ids=[5])) for c in cids])
+    f.close()
+    with open(path, "ab") as torn:
+        torn.write(spool.encode(spool.op_finish_episode(ep, "ok", 0))[:-7])  # a crash mid-append
+    for _ in range(2):
+        _, res = spool.replay(store, path)
+        assert res.done and res.rejected == 0 and res.ops == 6
+    assert [(c.id, c.seq, c.status) for c in store.list_calls(ep)] == [
+        (c, i, "ok") for i, c in enumerate(cids)
+    ]
+    assert store.get_episode(ep).status == "running"  # the torn record was never acknowledged: not applied
+
+
+# ---- owners (issue 5 part 4) ---------------------------------------------------------------------------------
+
+
+def _writer_rows(store: Store) -> list[dict]:
+    from polarproxy.store import schema
+
+    with store._read() as conn:
+        return [dict(r._mapping) for r in conn.execute(schema.writers.select())]
+
+
+async def test_a_writer_registers_claims_its_episodes_and_refreshes_its_heartbeat(tmp_path, spool_root):
+    store = Store.open(tmp_path / "o.db")
+    writer = StoreWriter(store, heartbeat_s=0.05)
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    [row] = _writer_rows(store)
+    assert row["id"] == writer.identity.id and row["pid"] == writer.identity.pid
+    with store._read() as conn:
+        from polarproxy.store import schema
+
+        owner = conn.execute(schema.episodes.select().where(schema.episodes.c.id == ep)).one()._mapping
+    assert owner["writer_id"] == writer.identity.id
+    first = row["heartbeat_at"]
+    await _wait(lambda: _writer_rows(store)[0]["heartbeat_at"] > first, 10)
+    writer.close()
+
+
+async def test_closing_ends_the_episodes_a_harness_named_and_a_later_call_reopens_one(tmp_path, spool_root):
+    store = Store.open(tmp_path / "o.db")
+    writer = StoreWriter(store)
+    await writer.ensure_episode("ep_named0000001", EpisodeStart(command=["serve"]))
+    await writer.begin_call(start("ep_named0000001", 1))
+    writer.close()
+    assert store.get_episode("ep_named0000001").status == "ok"
+    again = StoreWriter(store)
+    await again.ensure_episode("ep_named0000001", EpisodeStart(command=["serve"]))
+    _, seq = await again.begin_call(start("ep_named0000001", 2))
+    assert seq == 1 and store.get_episode("ep_named0000001").status == "running"
+    again.close()
+    assert [c.seq for c in store.list_calls("ep_named0000001")] == [0, 1]

@@ -1,0 +1,110 @@
+"""`polarproxy rm EPISODE...` and `polarproxy prune --before DATE`: delete whole episodes, after asking."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from polarproxy.commands.db import DbOpt, JsonOpt, _fail, _open, _print_json
+
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")]
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin or sys.stdin.closed:
+        return False
+    try:
+        return typer.confirm(question, default=False)
+    except (typer.Abort, EOFError):
+        return False
+
+
+def _delete(
+    store: Any, ids: list[str], calls: int, *, yes: bool, json_out: bool, extra: dict[str, Any]
+) -> None:
+    from polarproxy.store.errors import StoreError
+    from polarproxy.store.maintenance import delete_episodes
+
+    if not ids:
+        if json_out:
+            _print_json({"deleted_episodes": [], "deleted_calls": 0, **extra})
+        else:
+            typer.echo("nothing to delete")
+        return
+    if not yes:
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        if not _confirm(f"Delete {len(ids)} episode(s) ({shown}) with {calls} call(s)?"):
+            _fail("Nothing deleted.", "Answer y to delete, or pass --yes.")
+    try:
+        deleted = delete_episodes(store, ids)
+    except StoreError as e:
+        _fail(str(e))
+    if json_out:
+        _print_json({"deleted_episodes": ids, "deleted_calls": deleted, **extra})
+    else:
+        typer.echo(f"deleted {len(ids)} episode(s) with {deleted} call(s)")
+
+
+def rm(
+    episodes: Annotated[list[str], typer.Argument(help="Episode IDs (or unique prefixes).")],
+    db: DbOpt = None,
+    yes: YesOpt = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also delete episodes that are still running.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Delete episodes with all their calls."""
+    from polarproxy.store.errors import StoreError
+    from polarproxy.store.maintenance import count_calls
+
+    store = _open(db)
+    ids: list[str] = []
+    try:
+        for key in episodes:
+            ep = store.get_episode(key)
+            if ep.status == "running" and not force:
+                _fail(
+                    f"Episode {ep.id} is still running.",
+                    "Wait for it to end, run `polarproxy db repair` if its proxy died, or pass --force.",
+                )
+            ids.append(ep.id)
+    except StoreError as e:
+        _fail(str(e), "List episodes with `polarproxy ls`.")
+    ids = list(dict.fromkeys(ids))
+    _delete(store, ids, count_calls(store, ids), yes=yes, json_out=json_out, extra={})
+
+
+def prune(
+    before: Annotated[
+        str,
+        typer.Option(
+            "--before",
+            help="Delete episodes started before this: an ISO date or date-time, or an age (30d, 12h).",
+        ),
+    ],
+    db: DbOpt = None,
+    yes: YesOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Delete the episodes started before a date (running ones are kept)."""
+    from polarproxy.store.maintenance import parse_before, plan_prune
+
+    try:
+        cutoff = parse_before(before)
+    except ValueError as e:
+        _fail(f"--before: {e}")
+    store = _open(db)
+    plan = plan_prune(store, cutoff)
+    if plan.skipped_running and not json_out:
+        typer.echo(f"keeping {len(plan.skipped_running)} running episode(s)", err=True)
+    _delete(
+        store,
+        plan.episodes,
+        plan.calls,
+        yes=yes,
+        json_out=json_out,
+        extra={"before": cutoff, "kept_running": plan.skipped_running},
+    )
