@@ -29,6 +29,9 @@ class Generation:
     matched_stop: int | str | None = None
     prompt_tokens: int | None = None
     weight_version: str | None = None
+    prompt_ids: list[int] | None = (
+        None  # the prompt the server consumed, where it reports it (vLLM, chat mode)
+    )
 
 
 class BackendError(Exception):
@@ -37,13 +40,17 @@ class BackendError(Exception):
     def __init__(self, message: str, *, kind: str = "backend_error", status: int = 502) -> None:
         super().__init__(message)
         self.message = message
-        self.kind = kind  # backend_unreachable | backend_error | backend_rejected | backend_disconnected
+        self.kind = kind  # backend_unreachable | backend_error | backend_rejected | backend_disconnected | backend_aborted
         self.status = status
 
 
 class Backend(Protocol):
+    """A token-mode backend. A chat-mode one (`polarproxy.backends.chat.ChatBackend`) also has
+    `mode = "chat"` and `generate_chat(conversation, params, stream=...)`, whose generations carry the
+    `prompt_ids` the server rendered; the gateway then records them as server-rendered."""
+
     url: str
-    kind: str
+    kind: str  # sglang | local | vllm | vllm-chat | sglang-chat
 
     def generate(
         self, prompt_ids: list[int], params: GenerateParams, *, stream: bool

@@ -14,6 +14,7 @@ import orjson
 
 from polarproxy.backends.base import BackendError, GenerateParams, Generation
 from polarproxy.backends.http11 import HTTPClient, HTTPError, Response
+from polarproxy.backends.wire import disconnected, error_message, get, post_json
 from polarproxy.sse import SSEDecoder
 
 
@@ -34,29 +35,28 @@ def sampling_params(params: GenerateParams) -> dict[str, Any]:
     return sp
 
 
-def _error_message(body: bytes) -> str:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body.decode(errors="replace")[:500]
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict):
-            return str(err.get("message") or err)
-        return str(err)
-    return str(data)[:500]
-
-
-def _finish(meta: dict[str, Any]) -> tuple[str | None, int | str | None, str | None]:
+def _finish(meta: dict[str, Any]) -> tuple[str | None, int | str | None]:
+    """(finish reason, matched stop) from SGLang's finish-reason object; an abort raises BackendError."""
     fr = meta.get("finish_reason")
     if fr is None:
-        return None, None, None
+        return None, None
     if isinstance(fr, str):
-        return fr, None, None
+        return fr, None
     kind = fr.get("type")
     if kind == "abort":
-        return "abort", None, str(fr.get("message") or "aborted by the backend")
-    return ("length" if kind == "length" else "stop"), fr.get("matched"), None
+        raise abort_error(fr)
+    return ("length" if kind == "length" else "stop"), fr.get("matched")
+
+
+def abort_error(fr: dict[str, Any]) -> BackendError:
+    """SGLang's `{"type": "abort", "message", "status_code", "err_type"}`: 400 means the request was bad."""
+    message = str(fr.get("message") or "aborted by the backend")
+    code = fr.get("status_code")
+    if code == 400:
+        return BackendError(f"Backend rejected the request: {message}", kind="backend_rejected", status=400)
+    return BackendError(
+        f"Backend aborted the request: {message}", kind="backend_aborted", status=503 if code == 503 else 502
+    )
 
 
 class SGLangBackend:
@@ -70,15 +70,7 @@ class SGLangBackend:
         await self._http.aclose()
 
     async def _get(self, path: str) -> tuple[int, bytes]:
-        try:
-            r = await self._http.request("GET", path)
-            try:
-                return r.status, await r.read()
-            finally:
-                await r.close()
-        except HTTPError as e:
-            kind = "backend_unreachable" if e.connect else "backend_error"
-            raise BackendError(f"Backend {self.url} is unreachable: {e}", kind=kind, status=503) from e
+        return await get(self._http, self.url, path)
 
     async def health(self) -> None:
         status, _ = await self._get("/health")
@@ -86,10 +78,14 @@ class SGLangBackend:
             raise BackendError(f"Backend {self.url}/health answered {status}.", status=503)
 
     async def model_info(self) -> dict[str, Any]:
-        status, body = await self._get("/model_info")
-        if status != 200:
-            raise BackendError(f"Backend {self.url}/model_info answered {status}.", status=503)
-        return orjson.loads(body)
+        """`/model_info` (newer SGLang, our local backend), else `/get_model_info` (SGLang 0.5)."""
+        for path in ("/model_info", "/get_model_info"):
+            status, body = await self._get(path)
+            if status == 200:
+                return orjson.loads(body)
+            if status != 404:
+                break
+        raise BackendError(f"Backend {self.url}{path} answered {status}.", status=503)
 
     async def generate(
         self, prompt_ids: list[int], params: GenerateParams, *, stream: bool
@@ -100,34 +96,15 @@ class SGLangBackend:
             "return_logprob": True,
             "stream": stream,
         }
+        response = await post_json(self._http, self.url, "/generate", payload)
         try:
-            response = await self._http.request(
-                "POST", "/generate", orjson.dumps(payload), {"content-type": "application/json"}
-            )
-        except HTTPError as e:
-            if e.connect:
-                raise BackendError(
-                    f"Backend {self.url} is unreachable: {e}", kind="backend_unreachable", status=503
-                ) from e
-            raise BackendError(f"Backend {self.url} failed: {e}") from e
-        try:
-            if response.status != 200:
-                body = await response.read()
-                kind = "backend_rejected" if 400 <= response.status < 500 else "backend_error"
-                raise BackendError(
-                    f"Backend {self.url}/generate answered {response.status}: {_error_message(body)}",
-                    kind=kind,
-                    status=400 if kind == "backend_rejected" else 502,
-                )
             if stream:
                 async for gen in self._read_stream(response):
                     yield gen
             else:
                 yield self._update(orjson.loads(await response.read()), [], [])
         except HTTPError as e:
-            raise BackendError(
-                f"Backend {self.url} dropped the connection mid-answer: {e}", kind="backend_disconnected"
-            ) from e
+            raise disconnected(self.url, e) from e
         finally:
             await response.close()
 
@@ -136,6 +113,7 @@ class SGLangBackend:
         ids: list[int] = []
         lps: list[float] = []
         finished = False
+        seen = False  # any answer chunk yet
         async for chunk in response.iter_chunks():
             for ev in decoder.decode(chunk):
                 if ev.data == "[DONE]":
@@ -146,7 +124,15 @@ class SGLangBackend:
                     return
                 data = orjson.loads(ev.data)
                 if "error" in data and "meta_info" not in data:
-                    raise BackendError(f"Backend error mid-stream: {_error_message(ev.data.encode())}")
+                    message = error_message(ev.data.encode())
+                    if not seen:  # SGLang streams its request validation errors (a ValueError) this way
+                        raise BackendError(
+                            f"Backend {self.url}/generate rejected the request: {message}",
+                            kind="backend_rejected",
+                            status=400,
+                        )
+                    raise BackendError(f"Backend error mid-stream: {message}")
+                seen = True
                 gen = self._update(data, ids, lps)
                 finished = gen.finish_reason is not None
                 yield gen
@@ -167,9 +153,7 @@ class SGLangBackend:
             new_ids, new_triples = out_ids, triples
         ids.extend(new_ids)
         lps.extend(float(t[0]) for t in new_triples)
-        finish, matched, abort_msg = _finish(meta)
-        if abort_msg is not None:
-            raise BackendError(f"Backend aborted the request: {abort_msg}", kind="backend_error")
+        finish, matched = _finish(meta)
         if len(lps) != len(ids):
             raise BackendError(
                 f"Backend returned {len(ids)} output IDs but {len(lps)} logprobs; "

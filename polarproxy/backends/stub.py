@@ -88,7 +88,7 @@ class StubBackend:
         cfg = self.cfg
         if method == "GET" and path in ("/health", "/health_generate"):
             return self._send(w, 200, b"")
-        if method == "GET" and path == "/model_info":
+        if method == "GET" and path in ("/model_info", "/get_model_info"):
             return self._send(
                 w,
                 200,

