@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from collections.abc import Iterable
-from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
+from polarproxy.export.atomic import atomic_file
 from polarproxy.export.rows import ExportStats, trajectory_to_row
 from polarproxy.reconstruct.trajectory import Trajectory
 
@@ -36,26 +35,5 @@ def write_jsonl(trajectories: Iterable[Trajectory], out: str | os.PathLike[str] 
             return _write_rows(trajectories, out.write)
         return _write_rows(trajectories, lambda data: out.write(data.decode()))
 
-    path = Path(out)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            stats = _write_rows(trajectories, f.write)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
-    return stats
+    with atomic_file(out) as f:
+        return _write_rows(trajectories, f.write)

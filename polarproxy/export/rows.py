@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from polarproxy.reconstruct.trajectory import Trajectory
@@ -14,34 +15,82 @@ ROW_SCHEMA = "export-row.v1"
 
 @dataclass(slots=True)
 class ExportStats:
+    """What an export wrote. `rows` is the number of trajectories (trainer sequences); `per_request_tokens`
+    the tokens a per-request export of the same calls would hold (each call's prompt + output)."""
+
     rows: int = 0
     calls: int = 0
     trainable_tokens: int = 0
     total_tokens: int = 0
+    per_request_tokens: int = 0
 
     def add(self, traj: Trajectory) -> None:
         self.rows += 1
         self.calls += len(traj.call_ids)
-        self.trainable_tokens += sum(traj.loss_mask)
+        self.trainable_tokens += traj.loss_mask.count(1)
         self.total_tokens += len(traj.input_ids)
+        self.per_request_tokens += sum(end for _start, end in traj.call_spans)
+
+    @property
+    def sequence_ratio(self) -> float | None:
+        """Trainer sequences a per-request export would hold per row of this one (calls ÷ rows); None for
+        an empty export. Every call is in exactly one row (T3), so per-request rows = calls."""
+        return self.calls / self.rows if self.rows else None
+
+    def summary(self) -> dict[str, int | float | None]:
+        """The figures `polarproxy export --json` prints."""
+        return {
+            "rows": self.rows,
+            "calls": self.calls,
+            "trajectories": self.rows,
+            "trainable_tokens": self.trainable_tokens,
+            "total_tokens": self.total_tokens,
+            "per_request_tokens": self.per_request_tokens,
+            "sequence_ratio": self.sequence_ratio,
+        }
+
+
+def _logprobs_finite_in_spans(traj: Trajectory) -> bool:
+    """Fast path of the finiteness check, at C speed: True when every logprob outside the call output spans
+    is None and the ones inside are None or finite. False means: check token by token."""
+    lps = traj.logprobs
+    if not traj.call_spans:
+        return False
+    inside = list(chain.from_iterable(lps[a:b] for a, b in traj.call_spans))
+    inside_nones = inside.count(None)
+    if lps.count(None) != len(lps) - len(inside) + inside_nones:
+        return False  # a logprob outside the spans (or overlapping spans)
+    values = inside if not inside_nones else [v for v in inside if v is not None]
+    try:
+        return math.isfinite(sum(values))  # sums of logprobs (<= 0) do not overflow
+    except TypeError:
+        return False
 
 
 def trajectory_to_row(traj: Trajectory) -> dict[str, Any]:
     """The export row for a trajectory. Raises ValueError if the arrays differ in length or a logprob is
     not finite (JSON has no -inf; writing null would silently drop it)."""
+    return checked_row(traj)[0]
+
+
+def checked_row(traj: Trajectory) -> tuple[dict[str, Any], bool]:
+    """(the export row, whether every logprob lies inside the call output spans); errors as
+    trajectory_to_row's."""
     n = len(traj.input_ids)
     if len(traj.loss_mask) != n or len(traj.logprobs) != n:
         raise ValueError(
             f"Trajectory of calls {traj.call_ids} has {n} input_ids, {len(traj.loss_mask)} loss_mask and "
             f"{len(traj.logprobs)} logprobs entries; they must be equal."
         )
-    for i, lp in enumerate(traj.logprobs):
-        if lp is not None and not math.isfinite(lp):
-            raise ValueError(
-                f"Trajectory of calls {traj.call_ids} has logprob {lp} at position {i}, which JSON cannot "
-                "represent. Exclude these calls from the export."
-            )
-    return {
+    in_spans = _logprobs_finite_in_spans(traj)
+    if not in_spans:
+        for i, lp in enumerate(traj.logprobs):
+            if lp is not None and not math.isfinite(lp):
+                raise ValueError(
+                    f"Trajectory of calls {traj.call_ids} has logprob {lp} at position {i}, which JSON cannot "
+                    "represent. Exclude these calls from the export."
+                )
+    row = {
         "schema_version": SCHEMA_VERSION,
         "strategy": traj.strategy,
         "episode_id": traj.episode_id,
@@ -58,3 +107,4 @@ def trajectory_to_row(traj: Trajectory) -> dict[str, Any]:
         "group_id": traj.group_id,
         "metadata": traj.metadata,
     }
+    return row, in_spans

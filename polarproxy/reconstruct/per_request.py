@@ -13,6 +13,12 @@ STRATEGY = "per-request"
 FAILED_STATUSES = frozenset({"failed", "aborted", "interrupted"})
 
 
+def is_exported(call: Call, include_failed: bool) -> bool:
+    """Whether a call goes into an export: status `ok`, or failed/aborted/interrupted with `include_failed`;
+    never an `in_flight` one."""
+    return call.status == "ok" or (include_failed and call.status in FAILED_STATUSES)
+
+
 def call_metadata(call: Call, episode: Episode | None) -> dict[str, Any]:
     """What a row says about where its tokens came from."""
     return {
@@ -39,7 +45,7 @@ def per_request(
     call's own when it has one, else its episode's."""
     episodes = episodes or {}
     for call in calls:
-        if call.status != "ok" and not (include_failed and call.status in FAILED_STATUSES):
+        if not is_exported(call, include_failed):
             continue
         episode = episodes.get(call.episode_id)
         prompt, output = call.prompt_ids, call.output_ids
@@ -61,4 +67,5 @@ def per_request(
             reward=call.reward if call.reward is not None else (episode.reward if episode else None),
             group_id=episode.group_id if episode else None,
             metadata=call_metadata(call, episode),
+            call_spans=[(len(prompt), len(prompt) + len(output))],
         )

@@ -17,6 +17,8 @@ class Trajectory:
     (trainable, with its sampling logprob), mask 0 a token it was shown (logprob None).
     `messages` are OpenAI-style chat messages (role, content, reasoning_content, tool_calls, tool_call_id, name)
     ending with the assistant's reply; `tools` OpenAI-style function tools.
+    `call_spans` holds, for each call in `call_ids`, the [start, end) positions of its sampled tokens;
+    `end` is also the length of that call's own prompt + output (what a per-request row would hold).
     """
 
     episode_id: str
@@ -33,6 +35,7 @@ class Trajectory:
     reward: float | None = None
     group_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    call_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def trainable_tokens(self) -> int:

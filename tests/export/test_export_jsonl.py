@@ -49,8 +49,10 @@ def test_per_request_rows_validate_have_equal_lengths_and_round_trip(recorded, v
         calls=4,
         trainable_tokens=sum(sum(t.loss_mask) for t in trajs),
         total_tokens=sum(len(t.input_ids) for t in trajs),
+        per_request_tokens=sum(len(t.input_ids) for t in trajs),
     )
     assert stats.trainable_tokens == 3 + 2 + 1 + 1
+    assert stats.summary()["sequence_ratio"] == 1.0 and stats.summary()["trajectories"] == 4
 
 
 def test_a_failed_export_leaves_the_old_file_and_no_temporary_file(recorded, tmp_path):

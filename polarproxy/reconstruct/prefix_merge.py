@@ -1,0 +1,142 @@
+"""The prefix-merge strategy: calls whose prompt extends an earlier call's prompt + output share one sequence.
+
+Within an episode each exported call gets a parent: the earlier exported call whose full sequence (prompt +
+output) its prompt starts with, decided by the token IDs themselves. The recorded `extended_from` (T2) is
+tried first as a hint; a longer matching call wins over it, and without a verified hint the earlier calls
+are searched longest first (on equal lengths the latest). Calls with no parent are roots, so the calls form
+a forest: a linear agent loop is one chain, parallel sub-agents and retries from the same prefix are
+branches, and a break (compaction, rewritten history, a side request) is a new root.
+
+Each leaf's path from its root is one trajectory: the leaf's prompt + output, with the sampled tokens of
+the calls it owns trainable and everything else masked (logprob None). T3 asks for every call in exactly
+one trajectory, so a call shared by several leaf paths (the prefix of a branch) is owned by the first of
+them in depth-first order (children by sequence number); in the other branches its tokens are context the
+model saw, masked. Every leaf owns itself, so no trajectory is empty, and T4 holds for each: its trainable
+tokens are exactly the sampled IDs of its `call_ids`, in order.
+
+Failed, aborted and interrupted calls are exported only with `include_failed`, as in per-request; a call
+that extends an excluded one attaches to the nearest exported call its prompt extends, with the excluded
+call's tokens masked. A call with no tokens at all (text fidelity) never serves as a parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import groupby
+
+from polarproxy.reconstruct.messages import chat_messages, chat_tools
+from polarproxy.reconstruct.per_request import call_metadata, is_exported
+from polarproxy.reconstruct.trajectory import Trajectory
+from polarproxy.store.records import Call, Episode
+
+STRATEGY = "prefix-merge"
+
+
+def _full_len(call: Call) -> int:
+    return len(call.prompt_ids) + len(call.output_ids)
+
+
+def extends(prompt: list[int], base: Call) -> bool:
+    """Whether `prompt` starts with `base`'s prompt followed by its output (and `base` holds any tokens)."""
+    p, o = len(base.prompt_ids), len(base.output_ids)
+    if p + o == 0 or len(prompt) < p + o:
+        return False
+    # Cheap rejections before comparing whole slices: the last token of each segment.
+    if p and prompt[p - 1] != base.prompt_ids[-1]:
+        return False
+    if o and prompt[p + o - 1] != base.output_ids[-1]:
+        return False
+    return prompt[:p] == base.prompt_ids and prompt[p : p + o] == base.output_ids
+
+
+def find_parent(call: Call, earlier: list[Call], by_id: Mapping[str, Call]) -> Call | None:
+    """The earlier call whose full sequence `call`'s prompt extends, the longest one; None for a root."""
+    prompt = call.prompt_ids
+    hint = by_id.get(call.extended_from) if call.extended_from else None
+    best = hint if hint is not None and hint.seq < call.seq and extends(prompt, hint) else None
+    floor = _full_len(best) if best is not None else 0
+    candidates = [c for c in earlier if floor < _full_len(c) <= len(prompt)]
+    candidates.sort(key=lambda c: (_full_len(c), c.seq), reverse=True)
+    for cand in candidates:
+        if extends(prompt, cand):
+            return cand
+    return best
+
+
+def _trajectory(path: list[Call], owned: list[Call], episode: Episode | None) -> Trajectory:
+    leaf = path[-1]
+    input_ids = leaf.prompt_ids + leaf.output_ids
+    n = len(input_ids)
+    loss_mask = [0] * n
+    logprobs: list[float | None] = [None] * n
+    spans: list[tuple[int, int]] = []
+    for call in owned:
+        p, o = len(call.prompt_ids), len(call.output_ids)
+        loss_mask[p : p + o] = [1] * o
+        logprobs[p : p + o] = call.output_logprobs if call.output_logprobs else [None] * o
+        spans.append((p, p + o))
+    metadata = call_metadata(leaf, episode)
+    metadata["call_output_spans"] = [list(s) for s in spans]
+    return Trajectory(
+        episode_id=leaf.episode_id,
+        call_ids=[c.id for c in owned],
+        strategy=STRATEGY,
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        logprobs=logprobs,
+        model=leaf.model,
+        weight_version=leaf.weight_version,
+        finish_reason=leaf.finish_reason,
+        messages=chat_messages(leaf.conversation, leaf.completion),
+        tools=chat_tools(leaf.conversation),
+        reward=leaf.reward if leaf.reward is not None else (episode.reward if episode else None),
+        group_id=episode.group_id if episode else None,
+        metadata=metadata,
+        call_spans=spans,
+    )
+
+
+def merge_episode(calls: list[Call], episode: Episode | None = None) -> Iterator[Trajectory]:
+    """The trajectories of one episode's exported calls (given in sequence order)."""
+    by_id = {c.id: c for c in calls}
+    parent: dict[str, Call | None] = {}
+    children: dict[str | None, list[Call]] = {None: []}
+    for i, call in enumerate(calls):
+        up = find_parent(call, calls[:i], by_id)
+        parent[call.id] = up
+        children[up.id if up is not None else None].append(call)
+        children[call.id] = []
+    claimed: set[str] = set()
+    # Depth-first over the forest, children in sequence order; each leaf yields its path.
+    stack = list(reversed(children[None]))
+    while stack:
+        node = stack.pop()
+        kids = children[node.id]
+        if kids:
+            stack.extend(reversed(kids))
+            continue
+        path: list[Call] = []
+        cur: Call | None = node
+        while cur is not None:
+            path.append(cur)
+            cur = parent[cur.id]
+        path.reverse()
+        owned = [c for c in path if c.id not in claimed]
+        claimed.update(c.id for c in owned)
+        yield _trajectory(path, owned, episode)
+
+
+def prefix_merge(
+    calls: Iterable[Call],
+    *,
+    episodes: Mapping[str, Episode] | None = None,
+    include_failed: bool = False,
+) -> Iterator[Trajectory]:
+    """Merge each episode's calls into leaf-path trajectories. `calls` come grouped by episode and in
+    sequence order within it (as `Store.iter_calls` yields them); one episode is held in memory at a time.
+    `include_failed` and `episodes` mean what they mean for per-request; the reward is the leaf call's own
+    when it has one, else its episode's."""
+    episodes = episodes or {}
+    for episode_id, group in groupby(calls, key=lambda c: c.episode_id):
+        selected = sorted((c for c in group if is_exported(c, include_failed)), key=lambda c: c.seq)
+        yield from merge_episode(selected, episodes.get(episode_id))
