@@ -1,0 +1,1 @@
+"""Intercept mode: the harness keeps its real provider, polarproxy records the traffic as it passes (MITM)."""

@@ -1,0 +1,141 @@
+"""`polarproxy record --intercept -- CMD`: one episode of a harness talking to its real provider.
+
+The child keeps its own keys and base URLs; it gets the proxy variables and a trust bundle with the
+polarproxy CA (`env.py`). It runs with the terminal's stdin/stdout/stderr, signals are passed on as in
+gateway `record`, and the exit code is the child's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polarproxy.capture.intercept.ca import ensure_ca
+from polarproxy.capture.intercept.env import intercept_env, write_bundles
+from polarproxy.capture.intercept.providers import Providers
+from polarproxy.capture.intercept.proxy import start_intercept_proxy
+from polarproxy.capture.runner import FORWARDED_SIGNALS, RecordOutcome, _forward
+from polarproxy.capture.store_writer import StoreWriter
+from polarproxy.errors import UsageError
+from polarproxy.store.records import EpisodeStart
+from polarproxy.store.store import Store
+
+
+@dataclass
+class InterceptConfig:
+    db: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    hosts: list[str] = field(default_factory=list)  # --host patterns recorded besides the known providers
+    resolve: dict[str, tuple[str, int]] = field(default_factory=dict)  # --resolve HOST=IP:PORT
+    upstream_ca: Path | None = None  # --upstream-ca: trust this CA for upstream servers (tests, proxies)
+    ca_dir: Path | None = None
+    harness: str | None = None
+    task: str | None = None
+    group_id: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def parse_resolve(items: list[str]) -> dict[str, tuple[str, int]]:
+    """`HOST=ADDR:PORT` (or curl's `HOST:PORT:ADDR`) items into {host: (addr, port)}."""
+    out: dict[str, tuple[str, int]] = {}
+    for item in items:
+        host, eq, target = item.partition("=")
+        if eq:
+            addr, _, port = target.rpartition(":")
+        else:
+            host, _, rest = item.partition(":")
+            port, _, addr = rest.partition(":")
+        addr = addr.strip("[]")
+        if not host or not addr or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(
+                f"Bad --resolve {item!r}.",
+                hint="Write HOST=ADDRESS:PORT, e.g. --resolve api.openai.com=127.0.0.1:8443.",
+            )
+        out[host.lower()] = (addr, int(port))
+    return out
+
+
+async def record_intercept(
+    cfg: InterceptConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
+) -> RecordOutcome:
+    """Run `command` with its HTTPS going through the intercept proxy; one episode; the child's exit code."""
+    try:
+        providers = Providers.of(cfg.hosts)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    if cfg.upstream_ca is not None and not cfg.upstream_ca.is_file():
+        raise UsageError(
+            f"--upstream-ca {cfg.upstream_ca} is not a file.", hint="Pass a PEM file with the CA certificate."
+        )
+    ca = ensure_ca(cfg.ca_dir)
+    try:
+        store = Store.open(cfg.db)
+    except Exception as e:
+        raise UsageError(
+            f"Cannot open the store '{cfg.db or 'default'}': {e}",
+            hint="Pass --db PATH to a writable file, or set POLARPROXY_DB.",
+        ) from e
+    writer = StoreWriter(store)
+    episode_id = await writer.create_episode(
+        EpisodeStart(
+            command=command,
+            harness=cfg.harness,
+            cwd=os.getcwd(),
+            task=cfg.task,
+            group_id=cfg.group_id,
+            metadata={"mode": "intercept", **cfg.metadata},
+        )
+    )
+    try:
+        proxy = await start_intercept_proxy(
+            writer=writer,
+            episode_id=episode_id,
+            ca=ca,
+            providers=providers,
+            resolve=cfg.resolve,
+            upstream_ca=cfg.upstream_ca,
+            host=cfg.host,
+            port=cfg.port,
+        )
+    except BaseException:
+        await writer.finish_episode(episode_id, status="failed", exit_code=None)
+        writer.close()
+        raise
+    if on_ready:
+        on_ready(proxy.url, episode_id)
+    loop = asyncio.get_running_loop()
+    rc = 127
+    tmp = Path(tempfile.mkdtemp(prefix="polarproxy-intercept-"))
+    try:
+        bundle, node_extra = write_bundles(os.environ, ca, tmp)
+        env = intercept_env(os.environ, proxy.url, bundle, node_extra)
+        env["POLARPROXY_EPISODE"] = episode_id
+        try:
+            proc = await asyncio.create_subprocess_exec(*command, env=env)
+        except (FileNotFoundError, PermissionError) as e:
+            print(f"Error: cannot run {command[0]!r}: {e.strerror}.", file=sys.stderr)
+            rc = 127 if isinstance(e, FileNotFoundError) else 126
+        else:
+            for sig in FORWARDED_SIGNALS:
+                loop.add_signal_handler(sig, _forward, proc, sig)
+            with contextlib.suppress(ValueError):
+                loop.add_signal_handler(signal.SIGINT, lambda: None)
+            rc = await proc.wait()
+            rc = 128 - rc if rc < 0 else rc
+    finally:
+        for sig in (*FORWARDED_SIGNALS, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        shutil.rmtree(tmp, ignore_errors=True)
+        await proxy.stop()
+        await writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
+        writer.close()
+    return RecordOutcome(exit_code=rc, episode_id=episode_id, db=str(store.url))
