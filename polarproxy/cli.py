@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -29,7 +30,39 @@ DbOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 BackendOpt = Annotated[
     str | None,
-    typer.Option("--backend", envvar="POLARPROXY_BACKEND", help="Backend URL (SGLang-compatible)."),
+    typer.Option(
+        "--backend", envvar="POLARPROXY_BACKEND", help="Backend URL (SGLang, vLLM or `polarproxy backend`)."
+    ),
+]
+
+
+class BackendKind(StrEnum):
+    sglang = "sglang"
+    vllm = "vllm"
+    local = "local"
+
+
+class BackendMode(StrEnum):
+    tokens = "tokens"
+    chat = "chat"
+
+
+BackendKindOpt = Annotated[
+    BackendKind | None,
+    typer.Option(
+        "--backend-kind",
+        envvar="POLARPROXY_BACKEND_KIND",
+        help="What serves --backend (default: detected from what it answers).",
+    ),
+]
+BackendModeOpt = Annotated[
+    BackendMode,
+    typer.Option(
+        "--backend-mode",
+        envvar="POLARPROXY_BACKEND_MODE",
+        help="tokens: polarproxy renders the prompt and sends token IDs; chat: the server applies its own "
+        "template to /v1/chat/completions (records are server-rendered; prompts are not prefix-preserving).",
+    ),
 ]
 ModelOpt = Annotated[
     Path | None,
@@ -72,14 +105,26 @@ def _require(backend: str | None, model: Path | None) -> tuple[str, Path]:
 
 def _open_store(db: str | None) -> Any:
     from polarproxy.store.store import Store
+    from polarproxy.store.urls import display_url
 
     try:
-        return Store.open(db)
+        store = Store.open(db)
     except Exception as e:
+        from polarproxy.commands.db import backlog_lines, default_backlog
+
         fail(
-            f"Cannot open the store '{db or 'default'}': {e}",
-            "Pass --db PATH to a writable file, or set POLARPROXY_DB.",
+            f"Cannot open the store '{display_url(db) if db else 'default'}': {e}",
+            "\n".join(
+                [
+                    *(backlog_lines(db) if db else default_backlog()),
+                    "Pass --db PATH to a writable file, or set POLARPROXY_DB.",
+                ]
+            ),
         )
+    from polarproxy.commands.db import recover_on_open
+
+    recover_on_open(store)  # end the episodes of crashed proxies, replay their spools (issue 5)
+    return store
 
 
 @app.callback(invoke_without_command=True)
@@ -198,6 +243,8 @@ def _proxy_config(
 def record(
     command: Annotated[list[str] | None, typer.Argument(help="The harness command, after --.")] = None,
     backend: BackendOpt = None,
+    backend_kind: BackendKindOpt = None,
+    backend_mode: BackendModeOpt = BackendMode.tokens,
     model: ModelOpt = None,
     db: DbOpt = None,
     port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 0,
@@ -227,6 +274,28 @@ def record(
     group: Annotated[str | None, typer.Option(help="Group ID (several samples of one task).")] = None,
     max_tokens: Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")] = 4096,
     json_out: JsonOpt = False,
+    intercept: Annotated[
+        bool,
+        typer.Option(
+            "--intercept",
+            help="Keep the harness's real provider and record its traffic through an HTTPS proxy (MITM) "
+            "with polarproxy's CA (`polarproxy ca path`); calls are text-fidelity.",
+        ),
+    ] = False,
+    host: Annotated[
+        list[str] | None,
+        typer.Option("--host", help="With --intercept: also record this host (glob, [:PORT]; repeatable)."),
+    ] = None,
+    resolve: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resolve", help="With --intercept: dial HOST at ADDR:PORT (HOST=ADDR:PORT; repeatable)."
+        ),
+    ] = None,
+    upstream_ca: Annotated[
+        Path | None,
+        typer.Option("--upstream-ca", help="With --intercept: trust this CA (PEM) for upstream servers."),
+    ] = None,
 ) -> None:
     """Run a harness command as one recorded episode; exits with the command's exit code."""
     from polarproxy.capture.presets import get_preset, load_preset_file
@@ -238,6 +307,27 @@ def record(
             "No command to record.",
             "Put the harness command after --, e.g. polarproxy record -- python agent.py",
         )
+    if intercept:
+        from polarproxy.capture.intercept.command import run_record_intercept
+
+        try:
+            rc = run_record_intercept(
+                list(command),
+                db=db,
+                port=port,
+                hosts=host or [],
+                resolve=resolve or [],
+                upstream_ca=upstream_ca,
+                harness=harness,
+                task=task,
+                group=group,
+                json_out=json_out,
+            )
+        except PolarproxyError as e:
+            fail(e.message, e.hint)
+        raise typer.Exit(rc)
+    if host or resolve or upstream_ca is not None:
+        fail("--host, --resolve and --upstream-ca go with --intercept.", "Add --intercept, or drop them.")
     preset = None
     try:
         if harness_file is not None:
@@ -258,6 +348,7 @@ def record(
     except PolarproxyError as e:
         fail(e.message, e.hint)
     cfg = _proxy_config(backend, model, db, port, max_tokens, preset.name if preset else None, task, group)
+    cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value
     if preset is not None:
         cfg.preset, cfg.api, cfg.model_name = preset, chosen_api, model_name
         cfg.metadata["model_name"] = model_name or cfg.model.name
@@ -267,7 +358,11 @@ def record(
         outcome = asyncio.run(run_record(cfg, list(command)))
     except PolarproxyError as e:
         fail(e.message, e.hint)
-    store = _open_store(db)
+    from polarproxy.commands.db import open_or_explain
+
+    store = open_or_explain(db)  # None: the database is down; the episode's writes wait in a spool
+    if store is None:
+        raise typer.Exit(outcome.exit_code)
     episode = store.get_episode(outcome.episode_id)
     calls = store.list_calls(outcome.episode_id)
     counts: dict[str, int] = {}
@@ -297,6 +392,8 @@ def record(
 @app.command()
 def serve(
     backend: BackendOpt = None,
+    backend_kind: BackendKindOpt = None,
+    backend_mode: BackendModeOpt = BackendMode.tokens,
     model: ModelOpt = None,
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -309,6 +406,7 @@ def serve(
 
     cfg = _proxy_config(backend, model, db, port, max_tokens, None, None, None)
     cfg.host = host
+    cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value
 
     def ready(url: str, episode_id: str) -> None:
         typer.echo(
@@ -321,6 +419,36 @@ def serve(
         fail(e.message, e.hint)
 
 
+ca_app = typer.Typer(
+    no_args_is_help=True, help="The CA that intercept mode signs provider certificates with."
+)
+app.add_typer(ca_app, name="ca")
+
+
+@ca_app.command("path")
+def ca_path() -> None:
+    """Print the CA certificate's path (created on first use)."""
+    from polarproxy.capture.intercept.command import ca_path as get_path
+    from polarproxy.errors import PolarproxyError
+
+    try:
+        typer.echo(get_path())
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+
+
+@ca_app.command("install-hint")
+def ca_install_hint() -> None:
+    """Show how to make other programs or machines trust the CA."""
+    from polarproxy.capture.intercept.command import ca_install_hint as hint
+    from polarproxy.errors import PolarproxyError
+
+    try:
+        typer.echo(hint())
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+
+
 @app.command("ls")
 def list_episodes(
     db: DbOpt = None,
@@ -328,10 +456,13 @@ def list_episodes(
     json_out: JsonOpt = False,
 ) -> None:
     """List episodes: id, command, exit code, calls, tokens, status, time."""
+    from polarproxy.commands.db import backlog_lines
     from polarproxy.views import episode_rows, episodes_table
 
     store = _open_store(db)
     episodes = store.list_episodes(limit=limit)
+    for line in backlog_lines(store.url):  # writes waiting in spools (the database was down)
+        typer.echo(line, err=True)
     if json_out:
         _print_json(episode_rows(episodes))
         return
@@ -378,31 +509,88 @@ def show(
 @app.command()
 def export(
     out: Annotated[Path, typer.Option("--out", help="Output file.")],
-    strategy: Annotated[str, typer.Option(help="'per-request' (one row per call).")] = "per-request",
-    fmt: Annotated[str, typer.Option("--format", help="'jsonl'.")] = "jsonl",
+    strategy: Annotated[
+        str,
+        typer.Option(
+            help="'per-request' (one row per call) or 'prefix-merge' (calls that extend earlier ones share a row)."
+        ),
+    ] = "per-request",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", help="'jsonl' or 'parquet'; 'sft' for chat messages (schemas/sft-row.v1.json)."
+        ),
+    ] = "jsonl",
     episode: Annotated[
         list[str] | None, typer.Option("--episode", help="Only these episodes (repeatable).")
     ] = None,
     include_failed: Annotated[bool, typer.Option(help="Also export failed and aborted calls.")] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
+    status: Annotated[
+        str | None, typer.Option(help="--format sft: only episodes with this status (ok).")
+    ] = None,
+    min_reward: Annotated[
+        float | None, typer.Option(help="--format sft: only episodes with reward >= this.")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="--format sft: only episodes started since (ISO time, or 24h, 7d).")
+    ] = None,
+    harness: Annotated[str | None, typer.Option(help="--format sft: only episodes of this harness.")] = None,
+    model_name: Annotated[
+        str | None,
+        typer.Option("--model", help="--format sft: only trajectories asking for this model (glob)."),
+    ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            help="--format sft: also write input_ids/loss_mask rendered with this model folder's template."
+        ),
+    ] = None,
+    encoding: Annotated[
+        str | None,
+        typer.Option(help="--format sft: also write input_ids/loss_mask with this tiktoken encoding."),
+    ] = None,
 ) -> None:
     """Write recorded calls as training rows."""
-    strategies = ("per-request",)
-    formats = ("jsonl",)
-    if strategy not in strategies:
-        fail(
-            f"Unknown strategy {strategy!r}. Must be one of {', '.join(repr(s) for s in strategies)}.",
-            "prefix-merge arrives with the reconstruction work; use --strategy per-request today.",
-        )
-    if fmt not in formats:
-        fail(
-            f"Unknown format {fmt!r}. Must be one of {', '.join(repr(f) for f in formats)}.",
-            "Use --format jsonl.",
-        )
-    from polarproxy.export.jsonl import write_jsonl
-    from polarproxy.reconstruct.per_request import per_request
+    if fmt == "sft":
+        from polarproxy.errors import PolarproxyError
+        from polarproxy.export.sft import run_export_sft
+
+        try:
+            summary = run_export_sft(
+                _open_store(db),
+                out,
+                episodes=episode,
+                status=status,
+                min_reward=min_reward,
+                since=since,
+                harness=harness,
+                model=model_name,
+                tokenizer=tokenizer,
+                encoding=encoding,
+            )
+        except PolarproxyError as e:
+            fail(e.message, e.hint)
+        if json_out:
+            _print_json(summary)
+        else:
+            typer.echo(f"wrote {summary['rows']} SFT rows ({summary['calls']} calls) to {out}", err=True)
+        return
+    from polarproxy.export.writers import get_writer
+    from polarproxy.reconstruct import get_strategy
     from polarproxy.store.errors import StoreError
+
+    try:
+        reconstruct = get_strategy(strategy)
+    except ValueError as e:
+        fail(str(e), "Use --strategy per-request or --strategy prefix-merge.")
+    try:
+        write = get_writer(fmt)
+    except ValueError as e:
+        fail(
+            str(e).rstrip(".") + ", or 'sft'.", "Use --format jsonl or --format parquet (sft: chat messages)."
+        )
 
     store = _open_store(db)
     try:
@@ -410,25 +598,68 @@ def export(
     except StoreError as e:
         fail(str(e), "List episodes with `polarproxy ls`.")
     episodes = {e.id: e for e in store.list_episodes(limit=None)}
-    rows = per_request(store.iter_calls(ids), episodes=episodes, include_failed=include_failed)
-    stats = write_jsonl(rows, out)
-    summary = {
-        "out": str(out),
-        "strategy": strategy,
-        "format": fmt,
-        "rows": stats.rows,
-        "calls": stats.calls,
-        "trainable_tokens": stats.trainable_tokens,
-        "total_tokens": stats.total_tokens,
-    }
+    rows = reconstruct(store.iter_calls(ids), episodes=episodes, include_failed=include_failed)
+    try:
+        stats = write(rows, out)
+    except ValueError as e:
+        fail(str(e), "Pick the episodes to export with --episode.")
+    summary = {"out": str(out), "strategy": strategy, "format": fmt, **stats.summary()}
     if json_out:
         _print_json(summary)
     else:
         typer.echo(
             f"wrote {stats.rows} rows ({stats.calls} calls, {stats.trainable_tokens} trainable of "
-            f"{stats.total_tokens} tokens) to {out}",
+            f"{stats.total_tokens} tokens; a per-request export holds {stats.per_request_tokens} tokens in "
+            f"{stats.calls} rows) to {out}",
             err=True,
         )
+
+
+@app.command()
+def audit(
+    episode: Annotated[
+        str | None, typer.Argument(help="Episode ID (or a unique prefix); all episodes when left off.")
+    ] = None,
+    db: DbOpt = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            envvar="POLARPROXY_MODEL",
+            help="Model folder to re-render with (default: the one each episode was recorded with).",
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Re-render each call fresh from text and report where it drifts from the recorded prompt IDs."""
+    from polarproxy.audit import audit_store
+    from polarproxy.errors import PolarproxyError
+    from polarproxy.store.errors import StoreError
+
+    store = _open_store(db)
+    try:
+        ids = [store.get_episode(episode).id] if episode else None
+        report = audit_store(store, ids, model)
+    except StoreError as e:
+        fail(str(e), "List episodes with `polarproxy ls`.")
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+    if json_out:
+        _print_json(report.to_dict())
+        return
+    from rich.console import Console
+
+    from polarproxy.audit.view import print_report
+
+    print_report(Console(), report)
+
+
+from polarproxy.commands.db import db_app  # noqa: E402  (issue 5: store maintenance)
+from polarproxy.commands.delete import prune, rm  # noqa: E402
+
+app.add_typer(db_app, name="db")
+app.command("rm")(rm)
+app.command("prune")(prune)
 
 
 def main() -> None:

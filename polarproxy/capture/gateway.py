@@ -14,6 +14,7 @@ import logging
 import secrets
 import time
 from array import array
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -130,26 +131,35 @@ class Gateway:
         """Serve `call` into `sink`. Never raises for backend, store or client failures: they are recorded."""
         conv, dialect = call.conversation, call.dialect
         start = call.start
-        try:
-            if len(start.request_body) > INLINE_RENDER_CHARS:  # the request's size bounds the prompt's
-                prompt = await asyncio.to_thread(self.prefixes.build, call.episode_id, conv)
-            else:
-                prompt = self.prefixes.build(call.episode_id, conv)
-        except Exception as e:  # a template that cannot render this conversation
-            msg = f"The chat template could not render this request: {e}"
-            await self.record_failure(start, status="failed", error=msg, http_status=400)
-            await respond(sink, 400, JSON_HEADERS, dialect.error(400, msg, "render_error"))
-            return
-        start.prompt_ids = prompt.ids
-        start.render_mode = prompt.mode  # type: ignore[assignment]
-        start.extended_from = prompt.extended_from
-        start.render_note = prompt.note
         start.backend = self.backend.url
         start.backend_kind = self.backend.kind
-        # The in-flight record is written while the backend works; it must be on disk before the first byte
-        # goes to the harness, and the finished record before the last (T6).
-        begin = asyncio.ensure_future(self.store.begin_call(start))
-        run = _CallRun(self, call, begin, prompt.ids, sink)
+        begin: asyncio.Future[tuple[str, int]] | None = None
+        if is_chat_mode(self.backend):
+            # The server renders the prompt and reports its IDs; the record is begun once they are known.
+            start.fidelity, start.render_mode = "server-rendered", "server"
+            prompt_ids: list[int] = []
+        else:
+            try:
+                if len(start.request_body) > INLINE_RENDER_CHARS:  # the request's size bounds the prompt's
+                    prompt = await asyncio.to_thread(self.prefixes.build, call.episode_id, conv)
+                else:
+                    prompt = self.prefixes.build(call.episode_id, conv)
+            except Exception as e:  # a template that cannot render this conversation
+                msg = f"The chat template could not render this request: {e}"
+                await self.record_failure(start, status="failed", error=msg, http_status=400)
+                await respond(sink, 400, JSON_HEADERS, dialect.error(400, msg, "render_error"))
+                return
+            prompt_ids = start.prompt_ids = prompt.ids
+            start.render_mode = prompt.mode  # type: ignore[assignment]
+            start.extended_from = prompt.extended_from
+            # T2: the prompt is that call's whole prompt + output + new tokens; the store keeps only the new
+            # ones (after checking them), so an episode's token storage grows linearly.
+            start.prompt_base_call_id, start.prompt_base_len = prompt.extended_from, None
+            start.render_note = prompt.note
+            # The in-flight record is written while the backend works; it must be on disk before the first
+            # byte goes to the harness, and the finished record before the last (T6).
+            begin = asyncio.ensure_future(self.store.begin_call(start))
+        run = _CallRun(self, call, begin, prompt_ids, sink)
         try:
             if conv.stream:
                 await run.stream()
@@ -190,7 +200,7 @@ class _CallRun:
         self,
         gw: Gateway,
         call: PendingCall,
-        begin: asyncio.Future[tuple[str, int]],
+        begin: asyncio.Future[tuple[str, int]] | None,  # None: begun at the first call_id() (chat mode)
         prompt_ids: list[int],
         sink: Sink,
     ) -> None:
@@ -215,6 +225,8 @@ class _CallRun:
     # -- the record -----------------------------------------------------------------------------
 
     async def call_id(self) -> str:
+        if self.begin is None:
+            self.begin = asyncio.ensure_future(self.gw.store.begin_call(self.call.start))
         try:
             return (await self.begin)[0]
         except Exception as e:
@@ -369,6 +381,8 @@ class _CallRun:
         await self._finish(self._ok_result(completion, body))
         gen = self.gen
         assert gen is not None
+        if is_chat_mode(self.gw.backend):
+            return  # server-rendered prompts are not extended (T2 does not hold in chat mode)
         closing = None
         if (
             gen.finish_reason == "stop"
@@ -397,11 +411,29 @@ class _CallRun:
             finish_reason=completion.finish_reason,
         )
 
+    async def _generate(self, params: GenerateParams, *, stream: bool) -> AsyncIterator[Generation]:
+        """The backend's updates. In chat mode the server renders the conversation, and the prompt IDs it
+        reports become this call's (before its record is begun)."""
+        backend = self.gw.backend
+        if not is_chat_mode(backend):
+            async for gen in backend.generate(self.prompt_ids, params, stream=stream):
+                yield gen
+            return
+        async for gen in backend.generate_chat(self.call.conversation, params, stream=stream):  # type: ignore[attr-defined]
+            if gen.prompt_ids is not None and self.begin is None:
+                self.prompt_ids = self.call.start.prompt_ids = list(gen.prompt_ids)
+            elif gen.prompt_ids is not None and gen.prompt_ids != self.prompt_ids:
+                raise BackendError(
+                    f"Backend {backend.url} reported its prompt token IDs only after the answer had started; "
+                    "chat mode needs them in the first chunk (vLLM's return_token_ids does this)."
+                )
+            yield gen
+
     async def complete(self) -> None:
         gw = self.gw
         params = gw.params(self.call.conversation)
         try:
-            async for gen in gw.backend.generate(self.prompt_ids, params, stream=False):
+            async for gen in self._generate(params, stream=False):
                 self.gen = gen
         except BackendError as e:
             await self._backend_failed(e)
@@ -437,7 +469,7 @@ class _CallRun:
         trimmer = StopTrimmer(params.stop)
         parser = OutputParser(new_call_id=new_tool_call_id)
         try:
-            async for gen in gw.backend.generate(self.prompt_ids, params, stream=True):
+            async for gen in self._generate(params, stream=True):
                 self.gen = gen
                 if not self.started:
                     self.first_token_at = time.perf_counter()
@@ -465,6 +497,11 @@ class _CallRun:
         await self._finish_ok(completion, b"".join([*self.body_parts, tail]))  # T6: on disk first
         await self._send(tail)
         await self._end()
+
+
+def is_chat_mode(backend: Backend) -> bool:
+    """Whether the backend renders prompts itself (`--backend-mode chat`)."""
+    return getattr(backend, "mode", "tokens") == "chat"
 
 
 def _finish_reason(gen: Generation) -> FinishReason:

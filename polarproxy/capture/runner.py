@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polarproxy.backends.base import BackendError
-from polarproxy.backends.sglang import SGLangBackend
+from polarproxy.backends.base import Backend, BackendError
+from polarproxy.backends.selection import SelectionError, make_backend, open_backend
 from polarproxy.capture.gateway import Gateway, GatewayOptions
 from polarproxy.capture.presets import Preset
 from polarproxy.capture.proxy import RunningProxy, start_proxy
@@ -29,6 +29,7 @@ from polarproxy.errors import UsageError
 from polarproxy.render.renderer import Renderer
 from polarproxy.store.records import EpisodeStart
 from polarproxy.store.store import Store
+from polarproxy.store.urls import display_url
 
 PLACEHOLDER_KEY = "sk-polarproxy-local"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -81,6 +82,8 @@ class ProxyConfig:
     group_id: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     check_backend: bool = True  # fail at start when the backend's /health does not answer
+    backend_kind: str | None = None  # sglang | vllm | local; None: detected from what the server answers
+    backend_mode: str = "tokens"  # tokens (polarproxy renders) | chat (the server renders; T2 does not hold)
     # harness preset (`record --harness NAME`); its name is the episode's harness
     preset: Preset | None = None
     api: str | None = None  # the preset's wire format, for presets that speak several (`--api`)
@@ -110,20 +113,10 @@ async def open_stack(cfg: ProxyConfig) -> Stack:
         store = Store.open(cfg.db)
     except Exception as e:
         raise UsageError(
-            f"Cannot open the store '{cfg.db or 'default'}': {e}",
+            f"Cannot open the store '{display_url(cfg.db) if cfg.db else 'default'}': {e}",
             hint="Pass --db PATH to a writable file, or set POLARPROXY_DB.",
         ) from e
-    backend = SGLangBackend(cfg.backend)
-    try:
-        if cfg.check_backend:
-            await backend.health()
-    except BackendError as e:
-        await backend.aclose()
-        raise UsageError(
-            e.message,
-            hint="Start one with `polarproxy backend --model DIR --port 30000`, or pass --backend URL of a running "
-            "SGLang-compatible server.",
-        ) from e
+    backend = await _open_backend(cfg)
     writer = StoreWriter(store)
     gateway = Gateway(
         renderer=renderer,
@@ -132,6 +125,27 @@ async def open_stack(cfg: ProxyConfig) -> Stack:
         options=GatewayOptions(max_tokens_default=cfg.max_tokens_default, keepalive_s=cfg.keepalive_s),
     )
     return Stack(store=store, writer=writer, gateway=gateway, renderer=renderer)
+
+
+async def _open_backend(cfg: ProxyConfig) -> Backend:
+    """The backend client, its kind detected when not given, its health checked (`check_backend`)."""
+    try:
+        if not cfg.check_backend:
+            return make_backend(cfg.backend, cfg.backend_kind or "sglang", cfg.backend_mode)
+        return await open_backend(cfg.backend, cfg.backend_kind, cfg.backend_mode)
+    except SelectionError as e:
+        raise UsageError(
+            str(e),
+            hint="Pass --backend-kind sglang|vllm|local (or set POLARPROXY_BACKEND_KIND) and --backend-mode "
+            "tokens|chat (POLARPROXY_BACKEND_MODE).",
+        ) from e
+    except BackendError as e:
+        raise UsageError(
+            f"{e.message} (checked at start; nothing was run).",
+            hint=f"Is the server at {cfg.backend} running and ready? Start one with `polarproxy backend --model DIR "
+            "--port 30000`, SGLang, or vLLM (`python -m vllm.entrypoints.openai.api_server --model DIR`), then "
+            "pass --backend URL.",
+        ) from e
 
 
 async def close_stack(stack: Stack) -> None:

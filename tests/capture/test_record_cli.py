@@ -168,7 +168,7 @@ def test_unknown_export_strategy_names_the_allowed_values(tmp_path):
         timeout=60,
     )
     assert r.returncode == 1
-    assert "Unknown strategy 'prefix'. Must be one of 'per-request'." in r.stderr
+    assert "Unknown strategy 'prefix'. Must be one of 'per-request', 'prefix-merge'." in r.stderr
 
 
 def test_help_imports_no_heavy_module():
