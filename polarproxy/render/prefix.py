@@ -55,7 +55,10 @@ def is_returned_turn(sent: Message, completion: Completion) -> bool:
     if sent.role != "assistant":
         return False
     if completion.tool_calls:
-        return [t.id for t in sent.tool_calls] == [t.id for t in completion.tool_calls]
+        if [t.id for t in sent.tool_calls] == [t.id for t in completion.tool_calls]:
+            return True
+        # the answer's signature outlives tool call IDs that a harness drops (Pi over Gemini)
+        return bool(completion.signature) and sent.signature == completion.signature
     if completion.signature and sent.signature:
         return sent.signature == completion.signature
     return sent.content.strip() == completion.text.strip() and not sent.tool_calls
@@ -85,6 +88,7 @@ class PrefixIndex:
     def __init__(self, renderer: Renderer) -> None:
         self.renderer = renderer
         self._episodes: OrderedDict[str, list[Turn]] = OrderedDict()
+        self._stand_in_text: str | None = None  # the stand-in turn rendered alone: the same for every call
 
     def remember(self, episode_id: str, turn: Turn) -> None:
         turns = self._episodes.setdefault(episode_id, [])
@@ -116,7 +120,11 @@ class PrefixIndex:
         """What the template writes after an assistant turn's content, given the messages that follow,
         less the stop token the model sampled to close its turn (`closing_text`), which the output holds."""
         stand_in = [Message(role="user", content="?"), Message(role="assistant", content=SENTINEL)]
-        before = self.renderer.render_text(Conversation(messages=stand_in), add_generation_prompt=False)
+        if self._stand_in_text is None:
+            self._stand_in_text = self.renderer.render_text(
+                Conversation(messages=stand_in), add_generation_prompt=False
+            )
+        before = self._stand_in_text
         after = self.renderer.render_text(Conversation(messages=stand_in + list(new_messages)))
         cut = before.find(SENTINEL)
         if cut < 0 or not after.startswith(before[: cut + len(SENTINEL)]):

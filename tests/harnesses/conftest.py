@@ -41,7 +41,8 @@ def record_harness(backend, tiny_model_dir, tmp_path) -> Callable[..., Recorded]
         r = subprocess.run(
             cmd,
             cwd=ws,
-            env={**os.environ, "NO_COLOR": "1", **(env or {})},
+            # PWD as a shell would set it: some harnesses (OpenCode) take their project folder from it
+            env={**os.environ, "NO_COLOR": "1", "PWD": str(ws), **(env or {})},
             capture_output=True,
             text=True,
             timeout=600,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from recording import BIN, check_calls, check_tool_loop, needs_cli, scripted_backend
+from recording import BIN, check_calls, check_side_requests, check_tool_loops, needs_cli, scripted_backend
 
 pytestmark = [pytest.mark.integration, needs_cli("codex", "Codex CLI")]
 
@@ -32,7 +32,15 @@ def test_codex_exits_0_with_its_calls_recorded(record_harness, tiny_model_dir):
 
 
 def test_codex_tool_loop_on_a_scripted_backend(record_harness, make_backend, tiny_model_dir, tmp_path):
-    url = scripted_backend(make_backend, tiny_model_dir, tmp_path, "exec_command", {"cmd": "ls"})
+    """Two shell commands, then the final answer: each later call extends the one before (T2)."""
+    url = scripted_backend(
+        make_backend,
+        tiny_model_dir,
+        tmp_path,
+        "exec_command",
+        {"cmd": "ls"},
+        ("exec_command", {"cmd": "cat README.md"}),
+    )
     rec = record_harness(
         "codex",
         [
@@ -40,14 +48,16 @@ def test_codex_tool_loop_on_a_scripted_backend(record_harness, make_backend, tin
             "exec",
             "--skip-git-repo-check",
             "--dangerously-bypass-approvals-and-sandbox",
-            "List the files, then say done.",
+            "List the files, read README.md, then say done.",
         ],
         backend_url=url,
     )
     check_calls(rec, tiny_model_dir, dialect="openai_responses", auth_header="authorization")
-    _, second = check_tool_loop(rec, "exec_command")
-    items = json.loads(second.request_body)["input"]
+    main = check_tool_loops(rec, ["exec_command", "exec_command"], ["hello.py", "# hello"])
+    check_side_requests(rec)  # Codex sends none in exec mode; any it sends must be marked so
+    items = json.loads(main[-1].request_body)["input"]
     kinds = [i.get("type") for i in items]
-    assert "reasoning" in kinds and "function_call" in kinds and "function_call_output" in kinds
+    assert kinds.count("reasoning") == 2 and kinds.count("function_call") == 2
+    assert kinds.count("function_call_output") == 2
     reasoning = next(i for i in items if i.get("type") == "reasoning")
     assert reasoning.get("encrypted_content")  # what we returned, sent back verbatim

@@ -14,10 +14,17 @@ A script file (YAML or JSON):
       - raw: "Done."                              # or the model's own output format, verbatim
     side_answer: "A short title"  # calls without tools: titles, routers, commit messages (no step used)
     final: "Done."                # calls after the last step
+    no_tools: side                # or `steps`: calls without tools play the steps too (harnesses that
+                                  # have no tools, e.g. Aider, whose edits are text in the reply)
+    side_when: ["commit message"] # with `no_tools: steps`: calls without tools whose prompt holds one
+                                  # of these are side requests and get `side_answer`
 
 Which step a call gets is read from its prompt, so the backend keeps no state and concurrent episodes
 do not interfere: it is the number of assistant turns since the last user message that is not a tool
-result. Formats follow the chat template of DESIGN.md §4 (`<think>`, hermes `<tool_call>` JSON).
+result. Calls without tools that play the steps (`no_tools: steps`) cannot count turns that way (such
+harnesses send results back as user messages, and may rebuild their history), so there it is the number
+of steps, in order, whose reply (without its reasoning) the prompt already holds. Formats follow the
+chat template of DESIGN.md §4 (`<think>`, hermes `<tool_call>` JSON).
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ ASSISTANT = "<|im_start|>assistant\n"
 USER = "<|im_start|>user\n"
 TOOL_RESPONSE = "<tool_response>"
 TOOLS_MARK = "</tools>"
+THINK_END = "</think>"
+FIELDS = ("steps", "side_answer", "final", "no_tools", "side_when")
+NO_TOOLS = ("side", "steps")
 
 
 class ScriptError(ValueError):
@@ -50,6 +60,8 @@ class Script:
     steps: tuple[Step, ...]
     side_answer: str = "OK"
     final: str = "Done."
+    no_tools: str = "side"
+    side_when: tuple[str, ...] = ()
     source: str = ""
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -77,11 +89,11 @@ class Script:
     def from_data(data: Any, *, source: str = "<script>") -> Script:
         if not isinstance(data, dict):
             raise ScriptError(f"Script '{source}' must be a mapping with 'steps', not {type(data).__name__}.")
-        unknown = set(data) - {"steps", "side_answer", "final"}
+        unknown = set(data) - set(FIELDS)
         if unknown:
             raise ScriptError(
                 f"Script '{source}': unknown field(s) {', '.join(sorted(map(repr, unknown)))}. "
-                "Allowed: 'steps', 'side_answer', 'final'."
+                f"Allowed: {', '.join(map(repr, FIELDS))}."
             )
         steps = data.get("steps")
         if not isinstance(steps, list) or not steps:
@@ -89,19 +101,48 @@ class Script:
         for key in ("side_answer", "final"):
             if key in data and not isinstance(data[key], str):
                 raise ScriptError(f"Script '{source}': '{key}' must be a string.")
+        no_tools = data.get("no_tools", "side")
+        if no_tools not in NO_TOOLS:
+            raise ScriptError(
+                f"Script '{source}': 'no_tools' is {no_tools!r}; allowed: {', '.join(map(repr, NO_TOOLS))}."
+            )
+        side_when = data.get("side_when", [])
+        if not isinstance(side_when, list) or not all(isinstance(m, str) and m for m in side_when):
+            raise ScriptError(f"Script '{source}': 'side_when' must be a list of non-empty strings.")
+        if side_when and no_tools != "steps":
+            raise ScriptError(
+                f"Script '{source}': 'side_when' applies only with 'no_tools: steps' "
+                "(else every call without tools is a side request)."
+            )
         return Script(
             steps=tuple(_step(s, i, source) for i, s in enumerate(steps)),
             side_answer=data.get("side_answer", "OK"),
             final=data.get("final", "Done."),
+            no_tools=no_tools,
+            side_when=tuple(side_when),
             source=source,
         )
 
     def reply_for(self, prompt_text: str) -> str:
         """The assistant output (model format) for a rendered prompt."""
         if TOOLS_MARK not in prompt_text:
-            return self.side_answer
-        index = step_index(prompt_text)
+            if self.no_tools == "side" or any(m in prompt_text for m in self.side_when):
+                return self.side_answer
+            index = steps_in_history(prompt_text, self.steps)
+        else:
+            index = step_index(prompt_text)
         return self.steps[index].text if index < len(self.steps) else self.final
+
+
+def steps_in_history(prompt_text: str, steps: tuple[Step, ...]) -> int:
+    """How many steps, in order, the prompt already holds as replies (their text after any reasoning)."""
+    n = 0
+    for step in steps:
+        visible = step.text.split(THINK_END, 1)[-1].strip()
+        if not visible or visible not in prompt_text:
+            break
+        n += 1
+    return n
 
 
 def step_index(prompt_text: str) -> int:

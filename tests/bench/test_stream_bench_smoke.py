@@ -1,0 +1,51 @@
+"""Smoke run of the streaming benchmark per wire format: tiny sizes, behaviour only (no timing checks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DIALECTS = ("openai_chat", "openai_responses", "anthropic", "gemini")
+
+pytestmark = pytest.mark.integration  # starts a stub and a polarproxy process
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and x == x  # not NaN
+
+
+def test_stream_bench_reports_every_format(tmp_path: Path) -> None:
+    out = tmp_path / "stream.json"
+    tokens, rounds = 12, 2
+    argv = [sys.executable, str(REPO / "bench" / "stream_dialects.py"), "--tokens", str(tokens)]
+    argv += ["--rounds", str(rounds), "--warmup", "1", "--per-token-ms", "5", "--json", str(out)]
+    proc = subprocess.run(
+        argv,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "added TTFT p50 ms" in proc.stdout  # the table was printed
+    r = json.loads(out.read_text())
+    assert r["config"]["tokens"] == tokens
+    for t in ("direct", *DIALECTS):
+        s = r["targets"][t]
+        assert s["n"] == rounds and s["errors"] == 0, (t, s)
+        for key in ("ttft_p50_ms", "ttft_p99_ms", "total_p50_ms"):
+            assert _number(s[key]) and s[key] > 0, (t, key, s)
+        # streamed, not assembled after the fact: the content came in several separate reads
+        assert 1 < s["content_reads_min"] <= s["chunks_min"] <= tokens, (t, s)
+    for d in DIALECTS:
+        assert r["targets"][d]["text_ok"] is True, d  # the client reassembled exactly the generated text
+        assert r["targets"][d]["cpu_ms_per_chunk"] > 0
+        for key in ("ttft_p50_ms", "ttft_p99_ms", "ttft_paired_p50_ms", "per_chunk_ms"):
+            assert _number(r["added"][d][key]), (d, key)
+        assert set(r["goals"][d]) == {"added_ttft_p50_ms", "chunk_share_min"}
+        assert all(isinstance(g["met"], bool) for g in r["goals"][d].values())
