@@ -9,7 +9,10 @@ or between CR and LF, and it yields the same events.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
+
+_EOL = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(slots=True, frozen=True)
@@ -20,11 +23,14 @@ class Event:
 
 
 class SSEDecoder:
-    """`decode(chunk) -> list[Event]`, then `flush()` at end of stream."""
+    """`decode(chunk) -> list[Event]`, then `flush()` at end of stream.
+
+    Lines are found with a compiled regex and a partial line is kept as a list of pieces, so the cost is
+    linear in the bytes fed however the stream is split (SGLang's cumulative events grow with the answer)."""
 
     def __init__(self) -> None:
         self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._buf = ""
+        self._parts: list[str] = []  # the current partial line, in pieces
         self._pending_cr = False
         self._data: list[str] = []
         self._event = ""
@@ -38,35 +44,33 @@ class SSEDecoder:
             self._pending_cr = False
             if text.startswith("\n"):
                 text = text[1:]
+                if not text:
+                    return []
+        if "\n" not in text and "\r" not in text:
+            self._parts.append(text)
+            return []
+        buf = "".join(self._parts) + text if self._parts else text
+        self._parts = []
         events: list[Event] = []
-        buf = self._buf + text
         start = 0
-        n = len(buf)
-        i = 0
-        while i < n:
-            c = buf[i]
-            if c == "\n" or c == "\r":
-                line = buf[start:i]
-                if c == "\r":
-                    if i + 1 < n:
-                        if buf[i + 1] == "\n":
-                            i += 1
-                    else:
-                        self._pending_cr = True
-                start = i + 1
-                ev = self._line(line)
-                if ev is not None:
-                    events.append(ev)
-            i += 1
-        self._buf = buf[start:]
+        for m in _EOL.finditer(buf):
+            end = m.end()
+            if end == len(buf) and m.group() == "\r":
+                self._pending_cr = True  # a CR at the end: an LF may follow in the next chunk
+            ev = self._line(buf[start : m.start()])
+            start = end
+            if ev is not None:
+                events.append(ev)
+        if start < len(buf):
+            self._parts.append(buf[start:])
         return events
 
     def flush(self) -> list[Event]:
         tail = self._text.decode(b"", final=True)
         events = self.decode(tail.encode()) if tail else []
-        if self._buf:
-            ev = self._line(self._buf)
-            self._buf = ""
+        if self._parts:
+            ev = self._line("".join(self._parts))
+            self._parts = []
             if ev is not None:
                 events.append(ev)
         # A stream that ends without a final blank line does not dispatch its last event (WHATWG).
