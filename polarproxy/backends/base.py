@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(slots=True)
@@ -16,6 +16,21 @@ class GenerateParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+
+    def set_options(self, into: dict[str, Any], *, seed_key: str = "seed") -> dict[str, Any]:
+        """Add the sampling options a request set (and only those) to `into`, under the OpenAI/SGLang names
+        they share; the seed goes under `seed_key` (SGLang's `/generate` calls it `sampling_seed`)."""
+        for key in ("temperature", "top_p", "top_k"):
+            value = getattr(self, key)
+            if value is not None:
+                into[key] = value
+        if self.stop:
+            into["stop"] = self.stop
+        if self.stop_token_ids:
+            into["stop_token_ids"] = self.stop_token_ids
+        if self.seed is not None:
+            into[seed_key] = self.seed
+        return into
 
 
 @dataclass(slots=True)

@@ -46,19 +46,7 @@ def chat_request(
     if conv.tools:
         body["tools"] = [template_tool(t) for t in conv.tools]
         body["tool_choice"] = "none"  # rendered into the prompt; polarproxy parses the sampled tokens
-    if params.temperature is not None:
-        body["temperature"] = params.temperature
-    if params.top_p is not None:
-        body["top_p"] = params.top_p
-    if params.top_k is not None:
-        body["top_k"] = params.top_k
-    if params.stop:
-        body["stop"] = params.stop
-    if params.stop_token_ids:
-        body["stop_token_ids"] = params.stop_token_ids
-    if params.seed is not None:
-        body["seed"] = params.seed
-    return body
+    return params.set_options(body)
 
 
 def _meta(body: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:

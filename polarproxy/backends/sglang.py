@@ -20,19 +20,7 @@ from polarproxy.sse import SSEDecoder
 
 def sampling_params(params: GenerateParams) -> dict[str, Any]:
     sp: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "skip_special_tokens": False}
-    if params.temperature is not None:
-        sp["temperature"] = params.temperature
-    if params.top_p is not None:
-        sp["top_p"] = params.top_p
-    if params.top_k is not None:
-        sp["top_k"] = params.top_k
-    if params.stop:
-        sp["stop"] = params.stop
-    if params.stop_token_ids:
-        sp["stop_token_ids"] = params.stop_token_ids
-    if params.seed is not None:
-        sp["sampling_seed"] = params.seed
-    return sp
+    return params.set_options(sp, seed_key="sampling_seed")
 
 
 def _finish(meta: dict[str, Any]) -> tuple[str | None, int | str | None]:

@@ -38,19 +38,7 @@ def completion_request(
         "skip_special_tokens": False,
         "stream": stream,
     }
-    if params.temperature is not None:
-        body["temperature"] = params.temperature
-    if params.top_p is not None:
-        body["top_p"] = params.top_p
-    if params.top_k is not None:
-        body["top_k"] = params.top_k
-    if params.stop:
-        body["stop"] = params.stop
-    if params.stop_token_ids:
-        body["stop_token_ids"] = params.stop_token_ids
-    if params.seed is not None:
-        body["seed"] = params.seed
-    return body
+    return params.set_options(body)
 
 
 class _Fold:
