@@ -22,7 +22,13 @@ import orjson
 
 from polarproxy.backends.base import BackendError, GenerateParams, Generation
 from polarproxy.backends.http11 import HTTPClient, HTTPError, Response
-from polarproxy.backends.wire import disconnected, error_message, get, post_json
+from polarproxy.backends.wire import (
+    check_health,
+    disconnected,
+    error_message,
+    first_served_model,
+    post_json,
+)
 from polarproxy.conversation import Conversation
 from polarproxy.render.renderer import template_message, template_tool
 from polarproxy.sse import SSEDecoder
@@ -129,20 +135,12 @@ class ChatBackend:
         await self._http.aclose()
 
     async def health(self) -> None:
-        status, _ = await get(self._http, self.url, "/health")
-        if status != 200:
-            raise BackendError(f"Backend {self.url}/health answered {status}.", status=503)
+        await check_health(self._http, self.url)
         await self.served_model()
 
     async def served_model(self) -> str:
         if self.model is None:
-            status, body = await get(self._http, self.url, "/v1/models")
-            data = orjson.loads(body).get("data") if status == 200 else None
-            if not data:
-                raise BackendError(
-                    f"Backend {self.url}/v1/models answered {status} without a model.", status=503
-                )
-            self.model = str(data[0]["id"])
+            self.model = await first_served_model(self._http, self.url)
         return self.model
 
     def generate(

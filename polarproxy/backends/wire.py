@@ -79,3 +79,19 @@ async def get(http: HTTPClient, url: str, path: str) -> tuple[int, bytes]:
 
 def disconnected(url: str, e: HTTPError) -> BackendError:
     return BackendError(f"Backend {url} dropped the connection mid-answer: {e}", kind="backend_disconnected")
+
+
+async def check_health(http: HTTPClient, url: str) -> None:
+    """`/health` must answer 200 (vLLM, SGLang): else a BackendError naming the status."""
+    status, _ = await get(http, url, "/health")
+    if status != 200:
+        raise BackendError(f"Backend {url}/health answered {status}.", status=503)
+
+
+async def first_served_model(http: HTTPClient, url: str) -> str:
+    """The first model an OpenAI-compatible server lists at `/v1/models`."""
+    status, body = await get(http, url, "/v1/models")
+    data = orjson.loads(body).get("data") if status == 200 else None
+    if not data:
+        raise BackendError(f"Backend {url}/v1/models answered {status} without a model.", status=503)
+    return str(data[0]["id"])
