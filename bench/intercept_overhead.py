@@ -202,7 +202,15 @@ def main() -> int:
         samples_file = tmp / "samples.json"
         cmd = [sys.executable, *(["-m", "cProfile", "-o", str(args.profile)] if args.profile else [])]
         cmd += ["-m", "polarproxy", "record", "--intercept", "--db", str(db)]
-        cmd += ["--resolve", f"{HOST}=127.0.0.1:{port}", "--upstream-ca", str(ca.cert), "--json", "--"]
+        cmd += [
+            "--resolve",
+            f"{HOST}=127.0.0.1:{port}",
+            "--upstream-ca",
+            str(ca.cert),
+            "--json-out",
+            str(tmp / "summary.json"),
+            "--",
+        ]
         cmd += [sys.executable, __file__, "--client", str(port), str(calls), str(samples_file), str(ca.cert)]
         cmd += [str(bare_port), str(bare.pid)]
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
@@ -210,7 +218,7 @@ def main() -> int:
             print(r.stdout[-3000:], r.stderr[-3000:], file=sys.stderr)
             return 1
         samples = json.loads(samples_file.read_text())
-        summary = json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"') :])
+        summary = json.loads((tmp / "summary.json").read_text())
         recorded = Store.open(str(db)).list_calls(summary["episode_id"])
     finally:
         standin.stdin.close()  # type: ignore[union-attr]

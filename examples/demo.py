@@ -70,7 +70,8 @@ def main() -> int:
                     str(DB),
                     "--task",
                     "list-and-read",
-                    "--json",
+                    "--json-out",
+                    str(OUT / "record.json"),
                     "--",
                     sys.executable,
                     str(REPO / "examples" / "tool_agent.py"),
@@ -80,7 +81,7 @@ def main() -> int:
                 text=True,
             )
             print(rec.stdout, end="")
-            summary = json.loads(rec.stdout[rec.stdout.index('{\n  "episode_id"') :])
+            summary = json.loads((OUT / "record.json").read_text())
             print(f"(recorded in {time.perf_counter() - t0:.1f} s)")
         step("exporting per-request rows")
         subprocess.run(

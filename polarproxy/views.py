@@ -63,6 +63,24 @@ def episodes_table(episodes: list[Episode]) -> Table:
     return table
 
 
+def episodes_plain(episodes: list[Episode]) -> list[str]:
+    """The table as tab-separated lines (a header, then one line per episode), for pipes."""
+    lines = ["id\tcommand\texit\tcalls\ttokens\tstatus\tstarted"]
+    for e in episodes:
+        exit_code = "-" if e.exit_code is None else str(e.exit_code)
+        cells = [
+            e.id,
+            " ".join(e.command),
+            exit_code,
+            str(e.calls),
+            str(e.tokens),
+            e.status,
+            _when(e.started_at),
+        ]
+        lines.append("\t".join(cells))
+    return lines
+
+
 def call_rows(calls: list[Call], *, with_tokens: bool = False) -> list[dict[str, Any]]:
     rows = []
     for c in calls:

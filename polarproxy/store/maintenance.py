@@ -11,9 +11,7 @@ of its episode (`prompt_base_call_id`), so a part of an episode could lose its t
 
 from __future__ import annotations
 
-import datetime
 import os
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,35 +32,6 @@ if TYPE_CHECKING:
 E = schema.episodes
 C = schema.calls
 W = schema.writers
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-# ---- values given on the command line ---------------------------------------------------------------------
-
-
-def parse_duration(text: str) -> float:
-    """`90s`, `10m`, `2h`, `30d`, `1w` -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"Bad duration {text!r}. Give a number and a unit: s, m, h, d or w (e.g. 10m, 30d).")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def parse_before(text: str, *, now: float | None = None) -> float:
-    """An ISO date or date-time (local time unless it names a zone), or an age like `30d`: a Unix time."""
-    current = time.time() if now is None else now
-    if _DURATION.match(text):
-        return current - parse_duration(text)
-    try:
-        when = datetime.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(
-            f"Bad date {text!r}. Give an ISO date (2026-01-31), a date-time (2026-01-31T12:00, "
-            "local time unless it ends in Z or +HH:MM) or an age (30d, 12h)."
-        ) from None
-    return when.timestamp()
 
 
 def sa_url(target: str | None) -> str:

@@ -43,3 +43,15 @@ def display_url(target: str | URL) -> str:
         return display_url(make_url(target))
     except (ArgumentError, ValueError):  # not parseable: redact textually
         return _SECRET_QUERY.sub(rf"\g<1>{HIDDEN}", _USERINFO_PASSWORD.sub(rf"\g<1>:{HIDDEN}@", target))
+
+
+_URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+
+
+def hide_passwords(text: str) -> str:
+    """Free text (an error message, a hint) with the password of every URL in it hidden."""
+    def hide(m: re.Match[str]) -> str:
+        url = m.group(0).rstrip(".,:;)]}")
+        return display_url(url) + m.group(0)[len(url) :]
+
+    return _URL_IN_TEXT.sub(hide, text)

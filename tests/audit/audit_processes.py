@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import record_summary
 
 from polarproxy.conversation import Conversation
 from polarproxy.render.renderer import Renderer
@@ -61,7 +62,7 @@ def record(
         stdin=subprocess.DEVNULL,
     )
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"') :])["episode_id"], r
+    return record_summary(r.stderr)["episode_id"], r
 
 
 def audit(db: Path, *args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:

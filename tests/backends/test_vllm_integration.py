@@ -13,7 +13,6 @@ consuming exactly those IDs, and every sampled logprob matches a teacher-forced 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from factories import record_summary
 
 from polarproxy.conversation import Conversation
 from polarproxy.render.renderer import Renderer
@@ -148,7 +148,7 @@ def runner(tiny_model_dir):
 
 def _calls(r: subprocess.CompletedProcess[str], db: Path):
     assert r.returncode == 0, r.stderr[-4000:]
-    summary = json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"') :])
+    summary = record_summary(r.stderr)
     store = Store.open(str(db))
     return store.list_calls(summary["episode_id"])
 

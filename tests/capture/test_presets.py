@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from factories import record_summary
 
 from polarproxy.capture.presets import (
     PresetError,
@@ -187,28 +188,29 @@ def test_record_with_a_preset_file_writes_its_files_sets_its_env_and_cleans_up(
     assert not Path(seen["home"]).exists()  # the throwaway config home is removed after the run
     from polarproxy.store.store import Store
 
-    summary = json.loads(r.stdout[r.stdout.index("{\n") :])
+    summary = record_summary(r.stderr)
     episode = Store.open(str(tmp_path / "r.db")).get_episode(summary["episode_id"])
     assert episode.harness == "probe" and episode.metadata["model_name"] == "m1"
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "args, message, hint",
+    "args, message, hint, code",
     [
         (
             ["--harness", "nope"],
             "Error: No harness preset 'nope'. Known presets: aider, claude, codex",
             "--harness-file",
+            1,
         ),
-        (["--harness", "pi", "--api", "grpc"], "Error: preset 'pi' has no API 'grpc'.", "chat, responses"),
-        (["--api", "chat"], "Error: --api needs a harness preset.", "--harness pi"),
-        (["--harness", "codex", "--api", "chat"], "--api chat does not apply", "Drop --api"),
+        (["--harness", "pi", "--api", "grpc"], "Error: preset 'pi' has no API 'grpc'.", "chat, responses", 1),
+        (["--api", "chat"], "Error: --api needs a harness preset.", "--harness pi", 2),  # a usage error
+        (["--harness", "codex", "--api", "chat"], "--api chat does not apply", "Drop --api", 1),
     ],
 )
-def test_bad_preset_choices_are_refused_before_start(args, message, hint, tmp_path):
+def test_bad_preset_choices_are_refused_before_start(args, message, hint, code, tmp_path):
     r = _record([*args, "--backend", "http://127.0.0.1:9", "--model", "."], tmp_path, "true")
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == code, r.stderr
     assert message in r.stderr and hint in r.stderr
 
 

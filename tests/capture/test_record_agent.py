@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from factories import record_summary
 
 from polarproxy.conversation import Conversation
 from polarproxy.export.schema import load_schema
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def last_json(stdout: str) -> dict:
-    return json.loads(stdout[stdout.rindex('{\n  "episode_id"') :])
+    return record_summary(stdout)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def recorded(backend, tiny_model_dir, tmp_path_factory):
 def test_record_exits_with_the_agents_code_and_summarises(recorded):
     r, _ = recorded
     assert r.returncode == 0, r.stderr
-    summary = last_json(r.stdout)
+    summary = last_json(r.stderr)
     assert summary["exit_code"] == 0 and summary["calls"] == 3 and summary["statuses"] == {"ok": 3}
 
 
@@ -76,7 +77,7 @@ def test_every_call_is_complete_and_token_exact(recorded, tiny_model_dir):
 
     r, db = recorded
     store = Store.open(str(db))
-    episode = store.get_episode(last_json(r.stdout)["episode_id"])
+    episode = store.get_episode(last_json(r.stderr)["episode_id"])
     assert episode.status == "ok" and episode.exit_code == 0 and episode.task == "list-and-read"
     calls = store.list_calls(episode.id)
     renderer = Renderer(tiny_model_dir)
@@ -148,7 +149,7 @@ def test_per_request_export_of_the_episode_is_schema_valid(recorded, tmp_path):
 
 def test_show_and_ls_read_the_episode(recorded):
     r, db = recorded
-    ep = last_json(r.stdout)["episode_id"]
+    ep = last_json(r.stderr)["episode_id"]
     ls = subprocess.run(
         [sys.executable, "-m", "polarproxy", "ls", "--db", str(db), "--json"],
         capture_output=True,

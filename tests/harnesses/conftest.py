@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
+from factories import record_summary
 from recording import Recorded
 
 from polarproxy.capture.runner import PLACEHOLDER_KEY
@@ -52,7 +52,7 @@ def record_harness(backend, tiny_model_dir, tmp_path) -> Callable[..., Recorded]
         assert r.returncode == 0, (
             f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
         )
-        summary = json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"') :])
+        summary = record_summary(r.stderr)
         store = Store.open(str(db))
         rec = Recorded(
             r, store.get_episode(summary["episode_id"]), store.list_calls(summary["episode_id"]), db, seconds

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from factories import record_summary
 from standin import StandIn, TestCA
 
 from polarproxy.store.records import Call, Episode
@@ -58,7 +58,7 @@ def run_intercept(
     r = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
     if expect_rc is not None:
         assert r.returncode == expect_rc, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    summary = json.loads(r.stdout[r.stdout.rindex('{\n  "episode_id"') :])
+    summary = record_summary(r.stderr)
     store = Store.open(str(db))
     episode = store.get_episode(summary["episode_id"])
     return Intercepted(r, summary, episode, store.list_calls(episode.id), db, ca_dir)

@@ -39,7 +39,7 @@ def test_ca_commands_print_the_path_and_how_to_trust_it(tmp_path, monkeypatch):
 
 def test_intercept_options_without_intercept_are_a_usage_error(tmp_path):
     r = CliRunner().invoke(app, ["record", "--resolve", "a=127.0.0.1:1", "--", "true"])
-    assert r.exit_code == 1 and "go with --intercept" in r.output
+    assert r.exit_code == 2 and "go with --intercept" in r.output
 
 
 def test_a_bad_resolve_names_the_form(tmp_path, monkeypatch):

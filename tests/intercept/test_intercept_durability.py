@@ -37,7 +37,7 @@ def test_in_flight_before_the_first_byte_and_ok_after_the_last(tmp_path, standin
     script.write_text(f"HEADERS = {OPENAI_AUTH!r}\nCHAT = {CHAT!r}\n" + CLIENT)
     db = tmp_path / "intercept.db"
     rec = run_intercept(
-        tmp_path, standin, test_ca, [sys.executable, str(script), str(db)], "--host", "llm.internal.test"
+        tmp_path, standin, test_ca, [sys.executable, str(script), str(db)], "--intercept-host", "llm.internal.test"
     )
     seen = json.loads(rec.proc.stdout.split("SEEN ", 1)[1].splitlines()[0])
     assert seen["custom_status"] == 200

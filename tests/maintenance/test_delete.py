@@ -95,5 +95,22 @@ def test_prune_with_an_iso_date_asks_first(cli, store, db, make_episode):
 
 def test_prune_bad_date_names_the_forms_it_takes(cli, db_path):
     r = cli("prune", "--before", "last tuesday", "--yes", "--db", str(db_path))
-    assert r.exit_code == 1
-    assert "Bad date 'last tuesday'" in r.stderr and "30d" in r.stderr
+    assert r.exit_code == 2
+    assert "Bad time 'last tuesday'" in r.stderr and "30d" in r.stderr
+
+
+def test_prune_refuses_a_bare_m_and_deletes_nothing(cli, db_path):
+    r = cli("prune", "--before", "1m", "--yes", "--db", str(db_path))
+    assert r.exit_code == 2 and "minutes or months" in r.stderr
+
+
+def test_prune_dry_run_lists_what_it_would_delete_and_deletes_nothing(cli, store, db, make_episode):
+    old, _ = make_episode(store, turns=2)
+    new, _ = make_episode(store, turns=2)
+    _age(store, old, days=3)
+    r = cli("prune", "--before", "2d", "--dry-run", "--db", db)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[0] == old and "would delete 1 episode(s) with 2 call(s)" in r.stdout
+    assert _ids(store) == {old, new}
+    r = cli("prune", "--before", "2d", "--yes", "--db", db)
+    assert r.exit_code == 0 and f"deleting {old}" in r.stderr and _ids(store) == {new}

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import record_summary
 from sqlalchemy.engine import make_url
 from store_procs import start_stub
 
@@ -60,7 +61,7 @@ def _record_and_read(stub_url: str, model: Path, db: str, out: Path) -> dict:
         "-c",
         AGENT,
     )
-    summary = json.loads(r.stdout[r.stdout.index("{\n") :])
+    summary = record_summary(r.stderr)
     ls = cli("ls", "--db", db, "--json")
     show = cli("show", summary["episode_id"], "--db", db, "--json", "--tokens")
     cli("export", "--db", db, "--out", str(out), "--strategy", "prefix-merge")

@@ -1,0 +1,46 @@
+"""`polarproxy ls`: the episodes, newest first."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from polarproxy.commands.support import (
+    DbOpt,
+    JsonOpt,
+    NothingRecorded,
+    backlog_lines,
+    nothing_recorded,
+    open_store,
+    print_json,
+)
+
+
+def list_episodes(
+    db: DbOpt = None,
+    limit: Annotated[int, typer.Option(help="How many episodes, newest first.")] = 50,
+    json_out: JsonOpt = False,
+) -> None:
+    """List episodes: id, command, exit code, calls, tokens, status, time."""
+    from polarproxy.views import episode_rows, episodes_plain, episodes_table
+
+    try:
+        store = open_store(db, create=False)
+    except NothingRecorded:
+        nothing_recorded(json_out, [])
+        return
+    episodes = store.list_episodes(limit=limit)
+    for line in backlog_lines(store.url):  # writes waiting in spools (the database was down)
+        typer.echo(line, err=True)
+    if json_out:
+        print_json(episode_rows(episodes))
+        return
+    if not sys.stdout.isatty():  # piped: plain tab-separated lines, one per episode
+        for row in episodes_plain(episodes):
+            typer.echo(row)
+        return
+    from rich.console import Console
+
+    Console().print(episodes_table(episodes))

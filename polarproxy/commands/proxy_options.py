@@ -1,0 +1,105 @@
+"""The options `record` and `serve` share: the backend, what serves it, and the proxy's configuration."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from polarproxy.commands.support import fail
+
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--backend", envvar="POLARPROXY_BACKEND", help="Backend URL (SGLang, vLLM or `polarproxy backend`)."
+    ),
+]
+
+
+class BackendKind(StrEnum):
+    sglang = "sglang"
+    vllm = "vllm"
+    local = "local"
+
+
+class BackendMode(StrEnum):
+    tokens = "tokens"
+    chat = "chat"
+
+
+BackendKindOpt = Annotated[
+    BackendKind | None,
+    typer.Option(
+        "--backend-kind",
+        envvar="POLARPROXY_BACKEND_KIND",
+        help="What serves --backend (default: detected from what it answers).",
+    ),
+]
+BackendModeOpt = Annotated[
+    BackendMode,
+    typer.Option(
+        "--backend-mode",
+        envvar="POLARPROXY_BACKEND_MODE",
+        help="tokens: polarproxy renders the prompt and sends token IDs; chat: the server applies its own "
+        "template to /v1/chat/completions (records are server-rendered; prompts are not prefix-preserving).",
+    ),
+]
+MaxTokensOpt = Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")]
+
+
+def check_backend_url(backend: str) -> str:
+    """The backend URL as given, or `Error:` when it is no http(s) URL (`localhost:30000` lacks a scheme)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(backend)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        fail(
+            f"--backend {backend!r} is not an http(s) URL.",
+            f"Write it with its scheme, e.g. --backend http://{backend.split('://')[-1] or '127.0.0.1:30000'}.",
+        )
+    return backend
+
+
+def proxy_config(
+    backend: str | None,
+    model: Path | None,
+    db: str | None,
+    port: int,
+    max_tokens: int,
+    *,
+    backend_kind: BackendKind | None,
+    backend_mode: BackendMode,
+    harness: str | None = None,
+    task: str | None = None,
+    group: str | None = None,
+) -> Any:
+    """The `ProxyConfig` for these options, or `Error:` naming the option that is missing or wrong."""
+    from polarproxy.capture.runner import ProxyConfig
+
+    if not backend:
+        fail(
+            "No backend given.",
+            "Pass --backend URL (or set POLARPROXY_BACKEND), e.g. --backend http://127.0.0.1:30000 "
+            "after `polarproxy backend --model DIR --port 30000`.",
+        )
+    if model is None:
+        fail(
+            "No model folder given.",
+            "Pass --model DIR (or set POLARPROXY_MODEL): the folder with the tokenizer and "
+            "chat template the backend serves. `polarproxy tiny-model ./tiny` builds one.",
+        )
+    cfg = ProxyConfig(
+        backend=check_backend_url(backend),
+        model=model.resolve(),
+        db=db,
+        port=port,
+        max_tokens_default=max_tokens,
+        harness=harness,
+        task=task,
+        group_id=group,
+        metadata={"model_dir": str(model.resolve())},
+    )
+    cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value
+    return cfg

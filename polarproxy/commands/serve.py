@@ -1,0 +1,67 @@
+"""`polarproxy serve`: the recording proxy on its own, for many episodes, until interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Annotated
+
+import typer
+
+from polarproxy.commands.proxy_options import (
+    BackendKindOpt,
+    BackendMode,
+    BackendModeOpt,
+    BackendOpt,
+    MaxTokensOpt,
+    proxy_config,
+)
+from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json
+
+
+def serve(
+    backend: BackendOpt = None,
+    backend_kind: BackendKindOpt = None,
+    backend_mode: BackendModeOpt = BackendMode.tokens,
+    model: ModelOpt = None,
+    db: DbOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 8000,
+    max_tokens: MaxTokensOpt = 4096,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON line when ready (url, port, pid) on stdout.")
+    ] = False,
+) -> None:
+    """Run the recording proxy until interrupted (episodes from the x-polarproxy-episode header or /e/ID/ paths)."""
+    from polarproxy.capture.runner import serve as run_serve
+    from polarproxy.commands.backend import check_port_free
+    from polarproxy.errors import PolarproxyError
+
+    cfg = proxy_config(
+        backend, model, db, port, max_tokens, backend_kind=backend_kind, backend_mode=backend_mode
+    )
+    cfg.host = host
+    check_port_free(host, port)
+
+    def ready(url: str, episode_id: str) -> None:
+        if json_out:
+            import sys
+
+            print_json(
+                {
+                    "url": url,
+                    "base_url": url + "/v1",
+                    "port": int(url.rsplit(":", 1)[1]),
+                    "pid": os.getpid(),
+                    "default_episode": episode_id,
+                }
+            )
+            sys.stdout.flush()
+        typer.echo(
+            f"polarproxy: recording on {url} (default episode {episode_id}); base URL {url}/v1", err=True
+        )
+
+    try:
+        asyncio.run(run_serve(cfg, on_ready=ready))
+    except PolarproxyError as e:
+        fail(e.message, e.hint)

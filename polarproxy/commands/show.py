@@ -1,0 +1,58 @@
+"""`polarproxy show EPISODE`: an episode's calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from polarproxy.commands.support import (
+    DbOpt,
+    JsonOpt,
+    ModelOpt,
+    NothingRecorded,
+    fail,
+    open_store,
+    print_json,
+)
+
+
+def show(
+    episode: Annotated[str, typer.Argument(help="Episode ID (or a unique prefix).")],
+    db: DbOpt = None,
+    tokens: Annotated[bool, typer.Option("--tokens", help="Show tokens, coloured by loss mask.")] = False,
+    model: ModelOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show an episode's calls: messages, token counts, finish reasons, errors."""
+    from polarproxy.store.errors import StoreError
+    from polarproxy.views import call_rows, render_episode
+
+    try:
+        store = open_store(db, create=False)
+    except NothingRecorded:
+        fail(
+            f"No episode {episode!r}: no episode has been recorded yet.",
+            "Record one with `polarproxy record -- CMD`.",
+        )
+    try:
+        ep = store.get_episode(episode)
+    except StoreError as e:
+        fail(str(e), "List episodes with `polarproxy ls`.")
+    calls = store.list_calls(ep.id)
+    if json_out:
+        from dataclasses import asdict
+
+        print_json({"episode": asdict(ep), "calls": call_rows(calls, with_tokens=tokens)})
+        return
+    decode = None
+    if tokens:
+        folder = model or (Path(ep.metadata["model_dir"]) if ep.metadata.get("model_dir") else None)
+        if folder is not None and folder.is_dir():
+            from polarproxy.render.renderer import Renderer
+
+            decode = Renderer(folder).token_text
+    from rich.console import Console
+
+    render_episode(Console(), ep, calls, show_tokens=tokens, decode=decode)

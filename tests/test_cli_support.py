@@ -1,0 +1,122 @@
+"""The CLI's shared mechanisms: commands never import cli.py, and no command prints a database password."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from polarproxy.cli import app
+
+COMMANDS = Path(__file__).resolve().parent.parent / "polarproxy" / "commands"
+PG = "postgresql://alice:hunter2@127.0.0.1:1/x"
+
+
+def test_no_command_module_imports_cli_py():
+    for path in COMMANDS.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module != "polarproxy.cli", f"{path.name} imports polarproxy.cli"
+            if isinstance(node, ast.Import):
+                assert all(a.name != "polarproxy.cli" for a in node.names), path.name
+
+
+def _commands_with_db() -> list[list[str]]:
+    """Every command and subcommand of the app that takes --db, with the arguments it needs."""
+    import typer.main
+
+    needs = {
+        "show": ["ep_x"],
+        "rm": ["ep_x", "--yes"],
+        "prune": ["--before", "1d", "--yes"],
+        "export": ["--out", "/tmp/polarproxy-t5-export.jsonl"],
+        "reward": ["ep_x", "1"],
+        "record": ["--backend", "http://127.0.0.1:1", "--model", "/nonexistent", "--", "true"],
+        "serve": ["--backend", "http://127.0.0.1:1", "--model", "/nonexistent"],
+    }
+    out: list[list[str]] = []
+    group = typer.main.get_command(app)
+    for name, cmd in group.commands.items():  # type: ignore[attr-defined]
+        subs = getattr(cmd, "commands", None)
+        for sub_name, sub in subs.items() if subs else [(None, cmd)]:
+            if any("--db" in p.opts for p in sub.params):
+                path = [name] + ([sub_name] if sub_name else [])
+                out.append([*path, *needs.get(path[-1], [])])
+    return out
+
+
+def test_every_command_that_takes_db_is_covered():
+    names = {tuple(c[:2]) if c[0] == "db" else (c[0],) for c in _commands_with_db()}
+    assert {
+        ("ls",),
+        ("show",),
+        ("export",),
+        ("audit",),
+        ("rm",),
+        ("prune",),
+        ("record",),
+        ("serve",),
+    } <= names
+    assert {("db", "status"), ("db", "repair"), ("db", "migrate"), ("db", "path")} <= names
+
+
+@pytest.mark.parametrize("argv", _commands_with_db(), ids=lambda a: " ".join(a[:2]))
+def test_no_command_prints_a_database_password(argv):
+    r = CliRunner().invoke(app, [*argv, "--db", PG], catch_exceptions=True)
+    shown = (r.stdout or "") + (r.stderr or "") + repr(r.exception or "")
+    assert "hunter2" not in shown, shown
+    assert r.exit_code in (0, 1, 2), shown
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["ls"], ["show", "ep_x"], ["audit"], ["export", "--out", "OUT"]],
+    ids=lambda a: a[0],
+)
+def test_a_mistyped_db_path_is_an_error_and_creates_nothing(argv, tmp_path):
+    missing = tmp_path / "typo" / "polarproxy.db"
+    argv = [str(tmp_path / "out.jsonl") if a == "OUT" else a for a in argv]
+    r = CliRunner().invoke(app, [*argv, "--db", str(missing)])
+    assert r.exit_code == 1 and "Error: No database at" in r.stderr
+    assert not missing.exists() and not missing.parent.exists()
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["audit"], ["export", "--out", "OUT"]], ids=lambda a: a[0])
+def test_with_nothing_recorded_yet_read_commands_say_so_and_create_nothing(argv, tmp_path, monkeypatch):
+    monkeypatch.delenv("POLARPROXY_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    argv = [str(tmp_path / "out.jsonl") if a == "OUT" else a for a in argv]
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    assert "No episode has been recorded yet" in r.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_export_to_a_path_it_cannot_write_fails_before_reading_the_store(tmp_path):
+    db = tmp_path / "absent.db"
+    for out, why in ((tmp_path, "is a folder"), (tmp_path / "no" / "x.jsonl", "does not exist")):
+        r = CliRunner().invoke(app, ["export", "--out", str(out), "--db", str(db)])
+        assert r.exit_code == 1 and why in r.stderr and not db.exists()
+
+
+def test_usage_errors_exit_2_and_list_the_choices():
+    r = CliRunner().invoke(app, ["export", "--out", "x.jsonl", "--strategy", "prefix"])
+    assert r.exit_code == 2 and "per-request" in r.output and "prefix-merge" in r.output
+    r = CliRunner().invoke(app, ["export", "--out", "x.jsonl", "--format", "csv"])
+    assert r.exit_code == 2 and "parquet" in r.output
+    r = CliRunner().invoke(app, ["export", "--out", "x.jsonl", "--encoding", "cl100k_base"])
+    assert r.exit_code == 2 and "--format sft" in r.output
+
+
+def test_a_mistyped_record_option_is_refused_not_taken_for_the_command():
+    r = CliRunner().invoke(app, ["record", "--tsak", "foo", "--", "true"])
+    assert r.exit_code == 2 and "--tsak" in r.output
+
+
+def test_a_backend_url_without_a_scheme_is_an_error_naming_the_fix(tmp_path):
+    r = CliRunner().invoke(
+        app, ["record", "--backend", "localhost:30000", "--model", str(tmp_path), "--", "true"]
+    )
+    assert r.exit_code == 1 and "http://localhost:30000" in r.stderr and "Traceback" not in r.output
