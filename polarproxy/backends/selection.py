@@ -63,6 +63,23 @@ async def detect_kind(url: str) -> str:
     )
 
 
+_SAME_PROTOCOL = {"sglang": "sglang", "local": "sglang", "vllm": "vllm"}
+
+
+async def _check_kind(url: str, kind: str) -> None:
+    """Refuse a given kind that the server's own answers contradict (`--backend-kind vllm` against SGLang):
+    every call would fail later. A server whose kind cannot be told (a gateway in front) is taken at its word."""
+    try:
+        seen = await detect_kind(url)
+    except SelectionError:
+        return
+    if _SAME_PROTOCOL[seen] != _SAME_PROTOCOL[kind]:
+        raise SelectionError(
+            f"--backend-kind {kind} does not match the server at {url.rstrip('/')}: it answers as {seen} "
+            f"({'/get_server_info' if seen != 'vllm' else '/version and /v1/models'}).",
+        )
+
+
 def make_backend(url: str, kind: str, mode: str = "tokens") -> Backend:
     """The client for a known kind and mode."""
     check_choice(kind, KINDS, "backend kind")
@@ -92,7 +109,11 @@ async def open_backend(url: str, kind: str | None = None, mode: str | None = Non
     Raises BackendError (nothing answers, or it is unhealthy) or SelectionError (bad choice, unknown server).
     """
     mode = check_choice(mode, MODES, "backend mode") or "tokens"
-    kind = check_choice(kind, KINDS, "backend kind") or await detect_kind(url)
+    kind = check_choice(kind, KINDS, "backend kind")
+    if kind is None:
+        kind = await detect_kind(url)
+    else:
+        await _check_kind(url, kind)
     backend = make_backend(url, kind, mode)
     try:
         await backend.health()

@@ -159,6 +159,17 @@ def test_record_with_a_detected_vllm_backend(tiny_model_dir, tmp_path):
     assert marker.read_text() == "ran"
 
 
+async def test_a_given_kind_the_server_contradicts_is_refused_at_start():
+    with SGLangDouble(outputs=[1]) as d:
+        with pytest.raises(SelectionError, match="--backend-kind vllm does not match .* answers as sglang"):
+            await open_backend(d.url, "vllm")
+        backend = await open_backend(d.url, "local")  # the same protocol: accepted
+        await backend.aclose()
+    with VLLMDouble(outputs=[1]) as d:
+        with pytest.raises(SelectionError, match="--backend-kind sglang does not match .* answers as vllm"):
+            await open_backend(d.url, "sglang")
+
+
 def test_bad_kind_is_a_usage_error(tiny_model_dir, tmp_path):
     r = _record("http://127.0.0.1:1", tiny_model_dir, tmp_path, "--backend-kind", "tgi")
     assert r.returncode == 2 and "tgi" in r.stderr
