@@ -153,11 +153,13 @@ class EpisodeAudit:
     model_dir: str | None  # None for an episode without calls
     calls: list[CallAudit]
     summary: Summary
+    skipped: str | None = None  # why the whole episode was not audited (no model folder to render with)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "episode_id": self.episode_id,
             "model_dir": self.model_dir,
+            "skipped": self.skipped,
             **self.summary.to_dict(),
             "per_call": [c.to_dict() for c in self.calls],
         }
@@ -258,7 +260,8 @@ def _group(calls: Iterable[Call]) -> Iterator[tuple[str, list[Call]]]:
 
 def audit_store(store: Any, episode_ids: list[str] | None = None, model: Path | None = None) -> AuditReport:
     """Audit the given episodes (exact IDs, in that order; all of them, oldest first, when None). Every
-    model folder is resolved before any rendering, so a missing one fails fast."""
+    model folder is resolved before any rendering, so a missing one fails fast when episodes are named;
+    over all episodes, an episode without a model folder is skipped with the reason."""
     episodes = {e.id: e for e in store.list_episodes(limit=None)}
     unknown = [eid for eid in episode_ids or [] if eid not in episodes]
     if unknown:
@@ -269,10 +272,19 @@ def audit_store(store: Any, episode_ids: list[str] | None = None, model: Path | 
         else sorted(episodes, key=lambda i: (episodes[i].started_at, i))
     )
     # episodes without calls need no model folder
-    folders = {eid: model_dir_for(episodes[eid], model) for eid in wanted if episodes[eid].calls}
-    renderers: dict[Path, Renderer] = {}
+    folders: dict[str, Path] = {}
     by_id: dict[str, EpisodeAudit] = {}
-    for eid, calls in _group(store.iter_calls(wanted)):
+    for eid in wanted:
+        if not episodes[eid].calls:
+            continue
+        try:
+            folders[eid] = model_dir_for(episodes[eid], model)
+        except UsageError as e:
+            if episode_ids is not None:
+                raise
+            by_id[eid] = EpisodeAudit(eid, None, [], Summary(), skipped=f"{e.message} {e.hint or ''}".strip())
+    renderers: dict[Path, Renderer] = {}
+    for eid, calls in _group(store.iter_calls([e for e in wanted if e in folders])):
         folder = folders[eid]
         if folder not in renderers:
             renderers[folder] = Renderer(folder)

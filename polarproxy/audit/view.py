@@ -100,6 +100,9 @@ def totals_table(total: Summary, episodes: int) -> Table:
 
 def print_report(console: Console, report: AuditReport) -> None:
     for ep in report.episodes:
+        if ep.skipped:
+            console.print(Text(f"episode {ep.episode_id} skipped: {ep.skipped}", style="yellow"))
+            continue
         console.print(episode_table(ep))
         for line in drift_lines(ep):
             console.print(line, soft_wrap=True)

@@ -174,8 +174,22 @@ def test_an_episode_without_calls_needs_no_model_folder(store, renderer, tiny_mo
     assert [(e.episode_id, e.model_dir, e.summary.calls) for e in report.episodes] == [(empty, None, 0)]
     ep = reasoning_episode(store, renderer)
     with pytest.raises(UsageError, match=f"Episode {ep.episode_id} does not record its model folder"):
-        audit_store(store, None, None)
+        audit_store(store, [ep.episode_id], None)  # named: an error
     assert audit_store(store, None, tiny_model_dir).total.calls == 2
+
+
+def test_over_all_episodes_one_without_a_model_folder_is_skipped_with_the_reason(
+    store, renderer, tiny_model_dir, tmp_path
+):
+    lost = reasoning_episode(store, renderer)  # records no model folder
+    kept = reasoning_episode(store, renderer, metadata={"model_dir": str(tiny_model_dir)})
+    report = audit_store(store, None, None)
+    by_id = {e.episode_id: e for e in report.episodes}
+    assert "does not record its model folder" in by_id[lost.episode_id].skipped
+    assert by_id[kept.episode_id].skipped is None and by_id[kept.episode_id].summary.calls == 2
+    r = CliRunner().invoke(app, ["audit", "--db", str(tmp_path / "audit.db")], env={"POLARPROXY_MODEL": None})
+    assert r.exit_code == 0, r.output
+    assert f"episode {lost.episode_id} skipped" in " ".join(r.output.split())
 
 
 def test_unknown_episode_ids_are_named(store):
