@@ -26,6 +26,10 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
+def _reward(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
 def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
     return [
         {
@@ -38,6 +42,8 @@ def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
             "started_at": e.started_at,
             "ended_at": e.ended_at,
             "harness": e.harness,
+            "task": e.task,
+            "group_id": e.group_id,
             "reward": e.reward,
         }
         for e in episodes
@@ -46,17 +52,22 @@ def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
 
 def episodes_table(episodes: list[Episode]) -> Table:
     table = Table(title=f"{len(episodes)} episodes", title_justify="left")
-    for col in ("id", "command", "exit", "calls", "tokens", "status", "started"):
+    for col in ("id", "command", "task", "group", "exit", "calls", "tokens", "reward", "status", "started"):
         table.add_column(
-            col, no_wrap=col != "command", justify="right" if col in ("exit", "calls", "tokens") else "left"
+            col,
+            no_wrap=col != "command",
+            justify="right" if col in ("exit", "calls", "tokens", "reward") else "left",
         )
     for e in episodes:
         table.add_row(
             e.id,
             " ".join(e.command),
+            e.task or "-",
+            e.group_id or "-",
             "-" if e.exit_code is None else str(e.exit_code),
             str(e.calls),
             str(e.tokens),
+            _reward(e.reward),
             Text(e.status, style=STATUS_STYLE.get(e.status, "")),
             _when(e.started_at),
         )
@@ -65,15 +76,18 @@ def episodes_table(episodes: list[Episode]) -> Table:
 
 def episodes_plain(episodes: list[Episode]) -> list[str]:
     """The table as tab-separated lines (a header, then one line per episode), for pipes."""
-    lines = ["id\tcommand\texit\tcalls\ttokens\tstatus\tstarted"]
+    lines = ["id\tcommand\ttask\tgroup\texit\tcalls\ttokens\treward\tstatus\tstarted"]
     for e in episodes:
         exit_code = "-" if e.exit_code is None else str(e.exit_code)
         cells = [
             e.id,
             " ".join(e.command),
+            e.task or "-",
+            e.group_id or "-",
             exit_code,
             str(e.calls),
             str(e.tokens),
+            _reward(e.reward),
             e.status,
             _when(e.started_at),
         ]
@@ -102,6 +116,7 @@ def call_rows(calls: list[Call], *, with_tokens: bool = False) -> list[dict[str,
             "weight_version": c.weight_version,
             "render_mode": c.render_mode,
             "extended_from": c.extended_from,
+            "render_note": c.render_note,
             "has_tools": c.has_tools,
             "completion": c.completion,
         }
@@ -134,7 +149,13 @@ def render_episode(
     *,
     show_tokens: bool,
     decode: Callable[[int], str] | None,
+    only_call: int | None = None,
+    full_prompts: bool = False,
+    marks: bool = False,
 ) -> None:
+    """An episode for people: its calls (or call `only_call`), with tokens when asked. A call's tokens are
+    shown from where the call it extends ends (`full_prompts`: every prompt token); `marks` brackets the
+    trainable tokens in text (for pipes, where colour is lost)."""
     console.print(
         Text.assemble(
             ("episode ", "bold"),
@@ -146,7 +167,10 @@ def render_episode(
     )
     console.print(Text("$ " + " ".join(ep.command), style="dim"))
     seq_of = {c.id: c.seq for c in calls}
+    by_id = {c.id: c for c in calls}
     for c in calls:
+        if only_call is not None and c.seq != only_call:
+            continue
         if c.render_mode == "extended":
             render = f"extends #{seq_of.get(c.extended_from or '', '?')}"
         else:
@@ -175,19 +199,31 @@ def render_episode(
                 reply += f"\n→ {t['name']}({t['arguments']})"
             console.print(Text.assemble(("  assistant: ", "bold green"), _short(reply)))
         if show_tokens:
-            console.print(token_text(c, decode))
+            base = by_id.get(c.extended_from or "") if c.render_mode == "extended" else None
+            skip = 0 if full_prompts or base is None else len(base.prompt_ids) + len(base.output_ids)
+            if skip:
+                console.print(Text(f"  ({skip} tokens of #{base.seq}'s prompt and output not shown)", style="dim"))  # type: ignore[union-attr]
+            console.print(token_text(c, decode, skip=skip, marks=marks))
 
 
-def token_text(call: Call, decode: Callable[[int], str] | None) -> Text:
-    """Prompt tokens dim (masked), sampled tokens green (trainable); IDs when there is no tokenizer."""
+TRAINABLE_OPEN, TRAINABLE_CLOSE = "⟦", "⟧"  # around sampled tokens when colour is lost (pipes)
+
+
+def token_text(call: Call, decode: Callable[[int], str] | None, *, skip: int = 0, marks: bool = False) -> Text:
+    """Prompt tokens dim (masked), sampled tokens green (trainable); IDs when there is no tokenizer.
+    `skip`: leave off the first prompt tokens; `marks`: also bracket the sampled tokens with ⟦ ⟧."""
     out = Text("  ")
     alt = False
-    for ids, styles in (
-        (call.prompt_ids, ("grey50", "grey35")),
-        (call.output_ids, ("green", "bright_green")),
+    for ids, styles, trainable in (
+        (call.prompt_ids[skip:], ("grey50", "grey35"), False),
+        (call.output_ids, ("green", "bright_green"), True),
     ):
+        if trainable and marks and ids:
+            out.append(TRAINABLE_OPEN)
         for tid in ids:
             piece = decode(tid) if decode else f"[{tid}]"
             out.append(piece, style=styles[alt])
             alt = not alt
+        if trainable and marks and ids:
+            out.append(TRAINABLE_CLOSE)
     return out

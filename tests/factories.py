@@ -5,8 +5,47 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from polarproxy.store.records import CallResult, CallStart, EpisodeStart
+from polarproxy.store.store import Store
+
 
 def record_summary(stderr: str) -> dict[str, Any]:
     """The JSON summary `polarproxy record --json` prints on stderr once the harness has exited."""
     start = stderr.rindex('{\n  "episode_id"')
     return json.JSONDecoder().raw_decode(stderr[start:])[0]
+
+
+def call_start(episode_id: str, prompt: list[int], **kw: Any) -> CallStart:
+    return CallStart(
+        episode_id=episode_id,
+        dialect="openai_chat",
+        method="POST",
+        path="/v1/chat/completions",
+        model="m",
+        stream=False,
+        request_headers={},
+        request_body="{}",
+        conversation=None,
+        prompt_ids=prompt,
+        **kw,
+    )
+
+
+def add_episode(store: Store, turns: int = 3, *, end: str | None = "ok") -> tuple[str, list[str]]:
+    """An episode whose every call extends the previous one (prompt = previous prompt + output + 4 new)."""
+    ep = store.create_episode(EpisodeStart(command=["agent"]))
+    prompt = list(range(100, 120))
+    ids = []
+    prev = None
+    for t in range(turns):
+        cid, _ = store.begin_call(
+            call_start(ep, prompt, extended_from=prev, render_mode="extended" if prev else "fresh")
+        )
+        out = [7000 + t, 7001 + t, 2]
+        store.finish_call(cid, CallResult(status="ok", output_ids=out, output_logprobs=[-0.5] * 3))
+        ids.append(cid)
+        prev = cid
+        prompt = [*prompt, *out, 300 + t, 301 + t, 302 + t, 303 + t]
+    if end:
+        store.finish_episode(ep, status=end, exit_code=0)  # type: ignore[arg-type]
+    return ep, ids

@@ -21,7 +21,14 @@ from polarproxy.commands.support import (
 def show(
     episode: Annotated[str, typer.Argument(help="Episode ID (or a unique prefix).")],
     db: DbOpt = None,
-    tokens: Annotated[bool, typer.Option("--tokens", help="Show tokens, coloured by loss mask.")] = False,
+    tokens: Annotated[
+        bool,
+        typer.Option("--tokens", help="Show tokens, coloured by loss mask (sampled ones in ⟦ ⟧ when piped)."),
+    ] = False,
+    call: Annotated[int | None, typer.Option("--call", help="Only call N (the #N that show prints).")] = None,
+    full: Annotated[
+        bool, typer.Option("--full", help="With --tokens: every prompt token, not only each call's new ones.")
+    ] = False,
     model: ModelOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -41,7 +48,13 @@ def show(
     except StoreError as e:
         fail(str(e), "List episodes with `polarproxy ls`.")
     calls = store.list_calls(ep.id)
+    if call is not None and all(c.seq != call for c in calls):
+        fail(
+            f"Episode {ep.id} has no call #{call}.",
+            f"Its calls are #0 to #{len(calls) - 1}." if calls else "It has no calls.",
+        )
     if json_out:
+        calls = [c for c in calls if call is None or c.seq == call]
         from dataclasses import asdict
 
         print_json({"episode": asdict(ep), "calls": call_rows(calls, with_tokens=tokens)})
@@ -53,6 +66,17 @@ def show(
             from polarproxy.render.renderer import Renderer
 
             decode = Renderer(folder).token_text
+    import sys
+
     from rich.console import Console
 
-    render_episode(Console(), ep, calls, show_tokens=tokens, decode=decode)
+    render_episode(
+        Console(),
+        ep,
+        calls,
+        show_tokens=tokens,
+        decode=decode,
+        only_call=call,
+        full_prompts=full,
+        marks=not sys.stdout.isatty(),
+    )

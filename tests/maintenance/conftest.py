@@ -3,12 +3,10 @@ spool folder, and the CLI in process."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from factories import add_episode, call_start
 from typer.testing import CliRunner
 
-from polarproxy.store.records import CallResult, CallStart, EpisodeStart
 from polarproxy.store.store import Store
 
 
@@ -37,42 +35,6 @@ def store(db):
     s = Store.open(db)
     yield s
     s.close()
-
-
-def call_start(episode_id: str, prompt: list[int], **kw: Any) -> CallStart:
-    return CallStart(
-        episode_id=episode_id,
-        dialect="openai_chat",
-        method="POST",
-        path="/v1/chat/completions",
-        model="m",
-        stream=False,
-        request_headers={},
-        request_body="{}",
-        conversation=None,
-        prompt_ids=prompt,
-        **kw,
-    )
-
-
-def add_episode(store: Store, turns: int = 3, *, end: str | None = "ok") -> tuple[str, list[str]]:
-    """An episode whose every call extends the previous one (prompt = previous prompt + output + 4 new)."""
-    ep = store.create_episode(EpisodeStart(command=["agent"]))
-    prompt = list(range(100, 120))
-    ids = []
-    prev = None
-    for t in range(turns):
-        cid, _ = store.begin_call(
-            call_start(ep, prompt, extended_from=prev, render_mode="extended" if prev else "fresh")
-        )
-        out = [7000 + t, 7001 + t, 2]
-        store.finish_call(cid, CallResult(status="ok", output_ids=out, output_logprobs=[-0.5] * 3))
-        ids.append(cid)
-        prev = cid
-        prompt = [*prompt, *out, 300 + t, 301 + t, 302 + t, 303 + t]
-    if end:
-        store.finish_episode(ep, status=end, exit_code=0)  # type: ignore[arg-type]
-    return ep, ids
 
 
 @pytest.fixture

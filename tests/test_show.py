@@ -1,0 +1,51 @@
+"""`polarproxy show`: one call with --call, each call's new tokens only, trainable tokens marked in pipes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from factories import add_episode
+from typer.testing import CliRunner
+
+from polarproxy.cli import app
+from polarproxy.store.store import Store
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    db = tmp_path / "s.db"
+    store = Store.open(db)
+    ep, ids = add_episode(store, turns=3)
+    store.close()
+    return str(db), ep, ids
+
+
+def test_show_call_n_shows_only_that_call_and_json_keeps_it_whole(recorded):
+    db, ep, ids = recorded
+    r = CliRunner().invoke(app, ["show", ep, "--db", db, "--call", "1"])
+    assert r.exit_code == 0, r.output
+    heads = [line.split()[0] for line in r.stdout.splitlines() if line.startswith("#")]
+    assert heads == ["#1"]
+    r = CliRunner().invoke(app, ["show", ep, "--db", db, "--call", "1", "--json", "--tokens"])
+    calls = json.loads(r.stdout)["calls"]
+    assert [c["id"] for c in calls] == [ids[1]] and len(calls[0]["prompt_ids"]) == 20 + 3 + 4
+
+
+def test_show_call_out_of_range_names_the_range(recorded):
+    db, ep, _ = recorded
+    r = CliRunner().invoke(app, ["show", ep, "--db", db, "--call", "7"])
+    assert r.exit_code == 1 and "no call #7" in r.stderr and "#0 to #2" in r.stderr
+
+
+def test_tokens_show_each_calls_new_tokens_and_bracket_the_sampled_ones_when_piped(recorded):
+    db, ep, _ = recorded
+    r = CliRunner().invoke(app, ["show", ep, "--db", db, "--tokens", "--call", "2"])  # CliRunner: not a tty
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    # call 2 extends call 1 (prompt 27 + output 3 tokens): only the 4 new prompt tokens are shown
+    assert "30 tokens of #1's prompt and output not shown" in out
+    assert "  [301][302][303][304]⟦[7002][7003][2]⟧\n" in out
+    assert "[100]" not in out
+    r = CliRunner().invoke(app, ["show", ep, "--db", db, "--tokens", "--call", "2", "--full"])
+    assert "[100]" in r.stdout and "not shown" not in r.stdout
