@@ -6,6 +6,7 @@ for writers that forgot). Values are replaced by `<redacted>`; everything else i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from urllib.parse import quote, unquote_plus
 
@@ -36,3 +37,120 @@ def redact_path(path: str) -> str:
         if eq and unquote_plus(name).lower() in SECRET_QUERY_KEYS and unquote_plus(value) != REDACTED:
             parts[i] = f"{name}={quote(REDACTED)}"
     return f"{base}?{'&'.join(parts)}"
+
+
+# ---- command lines ---------------------------------------------------------------------------------------
+
+# Words that, as the last part of an option or variable name (`--api-key`, `HF_TOKEN`, `db_password`), say
+# that its value is a secret. Plurals and other words are not secrets: `--max-tokens 5`, `--key-file F`.
+SECRET_NAME_WORDS = frozenset(
+    {
+        "key",
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "pass",
+        "passphrase",
+        "auth",
+        "credential",
+        "credentials",
+        "cookie",
+        "bearer",
+    }
+)
+_NAME_PARTS = re.compile(r"[-_.]+")
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$", re.DOTALL)
+_HEADER = re.compile(r"^(\s*)([A-Za-z0-9-]+)(\s*:\s*)(.*)$", re.DOTALL)
+_SCHEME_TOKEN = re.compile(r"\b(Bearer|Basic|Token)(\s+)[^\s\"',;]+", re.IGNORECASE)
+# Provider keys by their shape: OpenAI/Anthropic `sk-...`, GitHub, Slack, Hugging Face, Google, AWS.
+_KEY_LIKE = re.compile(
+    r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{8,}"
+    r"|\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{16,}|\bgithub_pat_[A-Za-z0-9_]{16,}"
+    r"|\bxox[abprs]-[A-Za-z0-9\-]{8,}|\bhf_[A-Za-z0-9]{16,}"
+    r"|\bAIza[A-Za-z0-9_\-]{20,}|\bAKIA[A-Z0-9]{16}"
+)
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
+_URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:\s]*):([^/@\s]*)@")
+_JSON_SECRET = re.compile(r"(\"([A-Za-z0-9_\-]+)\"\s*:\s*\")((?:[^\"\\]|\\.)*)(\")")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an option or variable name says its value is a secret (`--api-key`, `OPENAI_API_KEY`,
+    `PGPASSWORD`); `--max-tokens`, `--key-file` and `PWD` are not."""
+    name = name.lstrip("-").lower()
+    if not name:
+        return False
+    if name.endswith(("password", "passwd", "apikey", "api_key", "secret", "token")):
+        return True
+    return _NAME_PARTS.split(name)[-1] in SECRET_NAME_WORDS
+
+
+def _redact_url(url: str) -> str:
+    url = _URL_USERINFO.sub(lambda m: f"{m.group(1)}:{REDACTED}@", url)
+    return redact_path(url) if "?" in url else url
+
+
+def redact_text(text: str) -> str:
+    """Secrets inside one free-form string: bearer tokens, provider-shaped keys, URL passwords and secret
+    query parameters, and `"password": "..."`-style JSON members; the rest kept verbatim."""
+    text = _SCHEME_TOKEN.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    text = _KEY_LIKE.sub(REDACTED, text)
+    text = _URL.sub(lambda m: _redact_url(m.group(0)), text)
+    return _JSON_SECRET.sub(
+        lambda m: f"{m.group(1)}{REDACTED}{m.group(4)}" if is_secret_name(m.group(2)) else m.group(0), text
+    )
+
+
+def _redact_word(arg: str) -> str:
+    header = _HEADER.match(arg)
+    if header and header.group(2).lower() in SECRET_HEADERS:
+        return f"{header.group(1)}{header.group(2)}{header.group(3)}{REDACTED}"
+    if arg.startswith("-"):
+        name, eq, value = arg.partition("=")
+        if eq and is_secret_name(name):
+            return f"{name}={REDACTED}"
+        if eq:
+            return f"{name}={_redact_word(value)}"  # --header=Authorization: Bearer x
+        return redact_text(arg)
+    assignment = _ASSIGNMENT.match(arg)
+    if assignment and is_secret_name(assignment.group(1)):
+        return f"{assignment.group(1)}={REDACTED}"
+    return redact_text(arg)
+
+
+def _takes_secret(option: str) -> bool:
+    """Whether `option` (a whole argument, no `=`) is a flag whose next argument is a secret."""
+    if not option.startswith("-") or "=" in option or len(option) < 2:
+        return False
+    bare = option.lstrip("-").lower()
+    if bare.startswith(("no-", "no_", "without-")):  # --no-auth: a switch, not a value
+        return False
+    return is_secret_name(option)
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """A command line as it may be stored or printed (T5): the values of secret options (`--api-key X`,
+    `--token=X`, `--password X`), secret assignments (`OPENAI_API_KEY=X`, `PGPASSWORD=X`), secret headers
+    (`-H "Authorization: Bearer X"`), bearer tokens and provider-shaped keys anywhere (`sk-...`), URL
+    passwords and secret query parameters replaced by `<redacted>`. Other arguments are kept verbatim."""
+    out: list[str] = []
+    secret_next = False
+    user_next = False
+    for arg in argv:
+        if secret_next:
+            secret_next = False
+            if not arg.startswith("--"):
+                out.append(REDACTED)
+                continue
+        if user_next:  # curl -u USER:PASSWORD
+            user_next = False
+            user, colon, _password = arg.partition(":")
+            if colon and not arg.startswith("-"):
+                out.append(f"{user}:{REDACTED}")
+                continue
+        out.append(_redact_word(arg))
+        secret_next = _takes_secret(arg)
+        user_next = arg in ("-u", "--user", "--proxy-user", "-U")
+    return out

@@ -21,7 +21,7 @@ import yaml
 from polarproxy.errors import UsageError
 
 BASE_PLACEHOLDERS = ("proxy_url", "key", "model", "home")
-FIELDS = ("name", "description", "env", "unset", "files", "apis", "default_api")
+FIELDS = ("name", "description", "env", "unset", "files", "apis", "default_api", "command")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -41,6 +41,9 @@ class Preset:
     apis: dict[str, dict[str, str]]  # --api choice -> extra placeholders
     default_api: str | None
     source: str
+    # the headless command line of `rollout --harness NAME`: {instruction} (one whole argument) is the
+    # task's instruction, {model} the model name
+    command: str | None = None
 
     def choose_api(self, api: str | None) -> str | None:
         """The `--api` choice to use: `api` if this preset offers it, else the preset's default."""
@@ -142,6 +145,19 @@ def parse_preset(data: Any, *, source: str, default_name: str) -> Preset:
     default_api = data.get("default_api", next(iter(apis), None))
     if apis and (not isinstance(default_api, str) or default_api not in apis):
         raise bad("default_api", f"must be one of: {', '.join(apis)}")
+    command = data.get("command")
+    if command is not None:
+        import shlex
+
+        try:
+            parts = shlex.split(command) if isinstance(command, str) else []
+        except ValueError:
+            parts = []
+        if "{instruction}" not in parts:
+            raise bad("command", "must be a command line with {instruction} as one whole argument")
+        for m in _PLACEHOLDER.finditer(command):
+            if m.group(1) not in ("instruction", "model"):
+                raise bad("command", f"uses unknown placeholder {m.group(0)} (known: {{instruction}}, {{model}})")
     if not apis and "default_api" in data:
         raise bad("default_api", "needs an 'apis' section")
 
@@ -166,6 +182,7 @@ def parse_preset(data: Any, *, source: str, default_name: str) -> Preset:
         apis=apis,
         default_api=default_api if apis else None,
         source=source,
+        command=command,
     )
 
 

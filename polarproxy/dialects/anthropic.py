@@ -37,9 +37,10 @@ from polarproxy.conversation import (
     TextDelta,
     Tool,
     ToolCall,
+    ToolCallDelta,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError, answer_signature, number
+from polarproxy.dialects.base import DialectError, answer_signature, max_tokens, sampling_number, string
 from polarproxy.sse import encode
 
 RAW_ARGUMENTS_KEY = "_polarproxy_raw_arguments"
@@ -203,8 +204,8 @@ def _tools(raw: Any) -> list[Tool]:
         schema = t.get("input_schema") or {}
         if not isinstance(schema, dict):
             raise DialectError(f"tools[{i}].input_schema must be an object.")
-        description = t.get("description") or ""
-        tools.append(Tool(name=t["name"], description=str(description), parameters=schema))
+        description = string(t, "description", where=f"tools[{i}].")
+        tools.append(Tool(name=t["name"], description=description, parameters=schema))
     return tools
 
 
@@ -284,9 +285,7 @@ class AnthropicMessages:
             raise DialectError("The request body must be a JSON object.")
         if body.get("max_tokens") is None:
             raise DialectError("max_tokens is required (a positive integer), as in the Anthropic API.")
-        max_tokens = number(body, "max_tokens", int)
-        if max_tokens < 1:
-            raise DialectError(f"max_tokens must be a positive integer, not {max_tokens!r}.")
+        limit = max_tokens(body, "max_tokens")
         model = body.get("model", "")
         if not isinstance(model, str):
             raise DialectError(f"model must be a string, not {model!r}.")
@@ -304,10 +303,10 @@ class AnthropicMessages:
             messages=messages,
             tools=_tools(body.get("tools")),
             sampling=Sampling(
-                max_tokens=max_tokens,
-                temperature=number(body, "temperature", float),
-                top_p=number(body, "top_p", float),
-                top_k=number(body, "top_k", int),
+                max_tokens=limit,
+                temperature=sampling_number(body, "temperature", "temperature"),
+                top_p=sampling_number(body, "top_p", "top_p"),
+                top_k=sampling_number(body, "top_k", "top_k"),
                 stop=_stops(body.get("stop_sequences")),
             ),
             model=model,
@@ -370,7 +369,8 @@ class MessagesStreamWriter:
         self.model = model
         self.prompt_tokens = prompt_tokens
         self._index = -1
-        self._open: str | None = None  # the kind of the open block: "thinking" | "text"
+        self._open: str | None = None  # the kind of the open block: "thinking" | "text" | "tool_use"
+        self._streamed: set[int] = set()  # tool calls whose input went out as input_json_delta pieces
 
     def start(self) -> bytes:
         message = {
@@ -417,6 +417,17 @@ class MessagesStreamWriter:
                     else {"type": "text_delta", "text": ev.text}
                 )
                 out.append(_event("content_block_delta", {"index": self._index, "delta": delta}))
+            elif isinstance(ev, ToolCallDelta):  # a streamed call: its arguments are JSON-object text
+                if ev.index not in self._streamed:
+                    self._streamed.add(ev.index)
+                    out.append(self._begin({"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}}))
+                    self._open = "tool_use"
+                if ev.arguments:
+                    delta = {"type": "input_json_delta", "partial_json": ev.arguments}
+                    out.append(_event("content_block_delta", {"index": self._index, "delta": delta}))
+            elif isinstance(ev, ToolCallEvent) and ev.index in self._streamed:
+                if self._open == "tool_use":
+                    out.append(self._close())
             elif isinstance(ev, ToolCallEvent):
                 call = ev.call
                 out.append(self._begin({"type": "tool_use", "id": call.id, "name": call.name, "input": {}}))

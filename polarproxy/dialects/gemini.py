@@ -53,7 +53,7 @@ from polarproxy.conversation import (
     ToolCall,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError, answer_signature, number
+from polarproxy.dialects.base import DialectError, answer_signature, max_tokens, sampling_number, string
 from polarproxy.sse import KEEPALIVE, encode
 
 METHODS = ("generateContent", "streamGenerateContent")
@@ -325,7 +325,10 @@ def _tools(raw: Any) -> list[Tool]:
                 params = _schema(d.get("parameters") or {})
             if not isinstance(params, dict):
                 raise DialectError(f"tools[{i}].functionDeclarations[{j}] parameters must be an object.")
-            tools.append(Tool(name=d["name"], description=d.get("description") or "", parameters=params))
+            where = f"tools[{i}].functionDeclarations[{j}]."
+            tools.append(
+                Tool(name=d["name"], description=string(d, "description", where=where), parameters=params)
+            )
     return tools
 
 
@@ -356,7 +359,7 @@ def _sampling(raw: Any) -> Sampling:
     if not isinstance(raw, dict):
         raise DialectError("generationConfig must be an object.")
     n = raw.get("candidateCount")
-    if n not in (None, 1):
+    if n not in (None, 1) or isinstance(n, bool):
         raise DialectError(
             f"generationConfig.candidateCount={n!r} is not supported. Must be 1; send one request per sample."
         )
@@ -364,12 +367,12 @@ def _sampling(raw: Any) -> Sampling:
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
         raise DialectError("generationConfig.stopSequences must be an array of strings.")
     return Sampling(
-        max_tokens=number(raw, "maxOutputTokens", int, where="generationConfig."),
-        temperature=number(raw, "temperature", float, where="generationConfig."),
-        top_p=number(raw, "topP", float, where="generationConfig."),
-        top_k=number(raw, "topK", int, where="generationConfig."),
+        max_tokens=max_tokens(raw, "maxOutputTokens", where="generationConfig."),
+        temperature=sampling_number(raw, "temperature", "temperature", where="generationConfig."),
+        top_p=sampling_number(raw, "topP", "top_p", where="generationConfig."),
+        top_k=sampling_number(raw, "topK", "top_k", where="generationConfig."),
         stop=list(stop or []),
-        seed=number(raw, "seed", int, where="generationConfig."),
+        seed=sampling_number(raw, "seed", "seed", where="generationConfig."),
     )
 
 

@@ -16,9 +16,10 @@ from polarproxy.conversation import (
     TextDelta,
     Tool,
     ToolCall,
+    ToolCallDelta,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError, number
+from polarproxy.dialects.base import DialectError, flag, max_tokens, sampling_number, string
 from polarproxy.sse import KEEPALIVE, encode
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -38,9 +39,9 @@ def _text(content: Any, where: str) -> str:
                 continue
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("text", "input_text", "output_text"):
-                out.append(str(part.get("text", "")))
+                out.append(string(part, "text", where=f"{where}.content[{i}]."))
             elif kind == "refusal":
-                out.append(str(part.get("refusal", "")))
+                out.append(string(part, "refusal", where=f"{where}.content[{i}]."))
             else:
                 raise DialectError(
                     f"Unsupported content part type {kind!r} at {where}.content[{i}]. "
@@ -64,8 +65,14 @@ def _tool_calls(raw: Any, where: str) -> list[ToolCall]:
             raise DialectError(f"{where}.tool_calls[{i}] needs function.name.")
         args = fn.get("arguments", "")
         if not isinstance(args, str):
-            args = orjson.dumps(args).decode()
-        calls.append(ToolCall(id=str(tc.get("id", "")), name=fn["name"], arguments=args))
+            try:
+                args = orjson.dumps(args).decode()
+            except orjson.JSONEncodeError as e:
+                raise DialectError(
+                    f"{where}.tool_calls[{i}].function.arguments cannot be encoded: {e}."
+                ) from e
+        call_id = string(tc, "id", where=f"{where}.tool_calls[{i}].")
+        calls.append(ToolCall(id=call_id, name=fn["name"], arguments=args))
     return calls
 
 
@@ -73,19 +80,26 @@ def _message(raw: Any, i: int) -> Message:
     where = f"messages[{i}]"
     if not isinstance(raw, dict):
         raise DialectError(f"{where} must be an object.")
-    role = ROLES.get(raw.get("role"))  # type: ignore[arg-type]
+    role = ROLES.get(raw["role"]) if isinstance(raw.get("role"), str) else None
     if role is None:
         raise DialectError(
             f"Unknown role {raw.get('role')!r} at {where}. Must be one of {', '.join(repr(r) for r in ROLES)}."
         )
-    reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+    if role != "assistant" and "content" not in raw:
+        # Only an assistant turn may omit its content (it may hold tool calls only), as in OpenAI's API.
+        raise DialectError(f"{where}.content is required for a {raw['role']!r} message.")
+    key = "reasoning_content" if raw.get("reasoning_content") is not None else "reasoning"
+    reasoning = string(raw, key, where=f"{where}.")
+    tool_call_id = string(raw, "tool_call_id", where=f"{where}.") if role == "tool" else None
+    if role == "tool" and not tool_call_id:
+        raise DialectError(f"{where}.tool_call_id is required for a 'tool' message (a string).")
     return Message(
         role=role,  # type: ignore[arg-type]
         content=_text(raw.get("content"), where),
-        reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
+        reasoning=reasoning or None,
         tool_calls=_tool_calls(raw.get("tool_calls"), where) if role == "assistant" else [],
-        tool_call_id=raw.get("tool_call_id") if role == "tool" else None,
-        name=raw.get("name") if isinstance(raw.get("name"), str) else None,
+        tool_call_id=tool_call_id,
+        name=string(raw, "name", where=f"{where}.") or None,
     )
 
 
@@ -101,14 +115,28 @@ def _tools(raw: Any) -> list[Tool]:
         fn = t.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise DialectError(f"tools[{i}] needs function.name.")
+        parameters = fn.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise DialectError(f"tools[{i}].function.parameters must be an object (a JSON Schema).")
         tools.append(
             Tool(
                 name=fn["name"],
-                description=fn.get("description") or "",
-                parameters=fn.get("parameters") or {},
+                description=string(fn, "description", where=f"tools[{i}].function."),
+                parameters=parameters,
             )
         )
     return tools
+
+
+def _stops(raw: Any) -> list[str]:
+    """`stop`: a string or an array of strings."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [raw]
+    if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+        raise DialectError(f"stop must be a string or an array of strings, not {raw!r}.")
+    return list(raw)
 
 
 class OpenAIChat:
@@ -125,29 +153,32 @@ class OpenAIChat:
         if not isinstance(raw_messages, list) or not raw_messages:
             raise DialectError("messages must be a non-empty array.")
         n = body.get("n")
-        if n not in (None, 1):
+        if n not in (None, 1) or isinstance(n, bool):
             raise DialectError(f"n={n!r} is not supported. Must be 1; send one request per sample.")
-        stop = body.get("stop")
-        stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str)]
-        max_tokens = number(body, "max_completion_tokens", int)
-        if max_tokens is None:
-            max_tokens = number(body, "max_tokens", int)
-        stream_options = body.get("stream_options") or {}
+        limit = max_tokens(body, "max_completion_tokens")
+        if limit is None:
+            limit = max_tokens(body, "max_tokens")
+        stream_options = body.get("stream_options")
+        if stream_options is not None and not isinstance(stream_options, dict):
+            raise DialectError(f"stream_options must be an object, not {stream_options!r}.")
+        tool_choice = body.get("tool_choice")
+        if tool_choice is not None and not isinstance(tool_choice, str | dict):
+            raise DialectError(f"tool_choice must be a string or an object, not {tool_choice!r}.")
         return Conversation(
             messages=[_message(m, i) for i, m in enumerate(raw_messages)],
             tools=_tools(body.get("tools")),
             sampling=Sampling(
-                max_tokens=max_tokens,
-                temperature=number(body, "temperature", float),
-                top_p=number(body, "top_p", float),
-                top_k=number(body, "top_k", int),
-                stop=stops,
-                seed=number(body, "seed", int),
+                max_tokens=limit,
+                temperature=sampling_number(body, "temperature", "temperature"),
+                top_p=sampling_number(body, "top_p", "top_p"),
+                top_k=sampling_number(body, "top_k", "top_k"),
+                stop=_stops(body.get("stop")),
+                seed=sampling_number(body, "seed", "seed"),
             ),
-            model=str(body.get("model") or ""),
-            stream=bool(body.get("stream")),
-            include_usage=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")),
-            tool_choice=body.get("tool_choice"),
+            model=string(body, "model"),
+            stream=flag(body, "stream"),
+            include_usage=flag(stream_options or {}, "include_usage", where="stream_options."),
+            tool_choice=tool_choice,
         )
 
     def response(self, completion: Completion, *, response_id: str, model: str, created: int) -> bytes:
@@ -212,6 +243,7 @@ class ChatStreamWriter:
             "model": model,
         }
         self._include_usage = include_usage
+        self._streamed: set[int] = set()  # tool calls whose arguments went out as deltas
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -227,7 +259,15 @@ class ChatStreamWriter:
                 out.append(self._chunk({"content": ev.text}))
             elif isinstance(ev, ReasoningDelta):
                 out.append(self._chunk({"reasoning_content": ev.text}))
-            elif isinstance(ev, ToolCallEvent):
+            elif isinstance(ev, ToolCallDelta):  # id and name first, then argument pieces
+                if ev.index not in self._streamed:
+                    self._streamed.add(ev.index)
+                    head = ToolCall(id=ev.id, name=ev.name, arguments=ev.arguments)
+                    out.append(self._chunk({"tool_calls": [{"index": ev.index, **_tool_call_json(head)}]}))
+                elif ev.arguments:
+                    piece = {"index": ev.index, "function": {"arguments": ev.arguments}}
+                    out.append(self._chunk({"tool_calls": [piece]}))
+            elif isinstance(ev, ToolCallEvent) and ev.index not in self._streamed:
                 out.append(self._chunk({"tool_calls": [{"index": ev.index, **_tool_call_json(ev.call)}]}))
         return b"".join(out)
 

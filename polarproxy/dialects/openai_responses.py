@@ -41,7 +41,7 @@ from polarproxy.conversation import (
     ToolCall,
     ToolCallEvent,
 )
-from polarproxy.dialects.base import DialectError, answer_signature, number
+from polarproxy.dialects.base import DialectError, answer_signature, flag, max_tokens, sampling_number, string
 from polarproxy.dialects.openai_chat import error_object
 from polarproxy.sse import KEEPALIVE, encode
 
@@ -76,9 +76,9 @@ def _parts_text(content: Any, where: str) -> str:
             continue
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            out.append(str(part.get("text") or ""))
+            out.append(string(part, "text", where=f"{where}[{i}]."))
         elif kind == "refusal":
-            out.append(str(part.get("refusal") or ""))
+            out.append(string(part, "refusal", where=f"{where}[{i}]."))
         else:
             raise DialectError(
                 f"Unsupported content part type {kind!r} at {where}[{i}]. "
@@ -181,7 +181,10 @@ def _input(raw: Any, turns: _Turns) -> None:
                 raise DialectError(f"{where}.call_id must be a non-empty string.")
             args = item.get("arguments" if kind == "function_call" else "input", "")
             if not isinstance(args, str):
-                args = orjson.dumps(args).decode()
+                try:
+                    args = orjson.dumps(args).decode()
+                except orjson.JSONEncodeError as e:
+                    raise DialectError(f"{where}.arguments cannot be encoded: {e}.") from e
             name = _tool_name(item.get("name"), item.get("namespace"), where)
             turns.tool_call(ToolCall(id=call_id, name=name, arguments=args))
         elif kind in ("function_call_output", "custom_tool_call_output"):
@@ -202,10 +205,13 @@ def _input(raw: Any, turns: _Turns) -> None:
 
 
 def _function_tool(t: dict[str, Any], where: str, namespace: str | None = None) -> Tool:
+    parameters = t.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise DialectError(f"{where}.parameters must be an object (a JSON Schema).")
     return Tool(
         name=_tool_name(t.get("name"), namespace, where),
-        description=t.get("description") or "",
-        parameters=t.get("parameters") or {},
+        description=string(t, "description", where=f"{where}."),
+        parameters=parameters,
     )
 
 
@@ -357,18 +363,21 @@ class OpenAIResponses:
         reasoning = body.get("reasoning")
         if reasoning is not None and not isinstance(reasoning, dict):
             raise DialectError("reasoning must be an object.")
+        tool_choice = body.get("tool_choice")
+        if tool_choice is not None and not isinstance(tool_choice, str | dict):
+            raise DialectError(f"tool_choice must be a string or an object, not {tool_choice!r}.")
         return Conversation(
             messages=turns.messages,
             tools=_tools(body.get("tools")),
             sampling=Sampling(
-                max_tokens=number(body, "max_output_tokens", int),
-                temperature=number(body, "temperature", float),
-                top_p=number(body, "top_p", float),
+                max_tokens=max_tokens(body, "max_output_tokens"),
+                temperature=sampling_number(body, "temperature", "temperature"),
+                top_p=sampling_number(body, "top_p", "top_p"),
             ),
-            model=str(body.get("model") or ""),
-            stream=bool(body.get("stream")),
+            model=string(body, "model"),
+            stream=flag(body, "stream"),
             include_usage=True,  # the final event always carries usage
-            tool_choice=body.get("tool_choice"),
+            tool_choice=tool_choice,
         )
 
     def response(self, completion: Completion, *, response_id: str, model: str, created: int) -> bytes:

@@ -223,3 +223,25 @@ def test_a_malformed_preset_file_is_refused_with_the_field(tmp_path):
     )
     assert r.returncode == 1
     assert "Error: preset 'x': field 'env.FOO' must be a string" in r.stderr
+
+
+def test_codex_home_is_not_under_the_childs_temporary_folder(tmp_path):
+    """Codex refuses to create its sandbox helper (codex-linux-sandbox) when CODEX_HOME lies under the
+    temporary folder; the throwaway home is one, so the child's TMPDIR is a folder of its own."""
+    r = render("codex", tmp_path)
+    r.write_files()
+    tmp = Path(r.env["TMPDIR"])
+    assert tmp.is_dir() and not Path(r.env["CODEX_HOME"]).is_relative_to(tmp)
+
+
+def test_pi_defaults_to_the_proxy_provider_and_model(tmp_path):
+    """`pi -p "P"` needs no --provider/--model: settings.json names the preset's provider and model."""
+    r = render("pi", tmp_path)
+    settings = json.loads(r.files[tmp_path / ".pi" / "agent" / "settings.json"])
+    models = json.loads(r.files[tmp_path / ".pi" / "agent" / "models.json"])
+    assert settings["defaultProvider"] in models["providers"] and settings["defaultModel"] == "tiny"
+    assert r.env["PI_CODING_AGENT_DIR"] == str(tmp_path / ".pi" / "agent")
+
+
+def test_claude_is_told_it_runs_in_a_sandbox_so_root_may_skip_permissions(tmp_path):
+    assert render("claude", tmp_path).env["IS_SANDBOX"] == "1"

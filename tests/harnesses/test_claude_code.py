@@ -61,8 +61,7 @@ def test_claude_code_tool_loop_on_a_scripted_backend(record_harness, make_backen
             "List the files, read README.md, then say done.",
             "--dangerously-skip-permissions",
         ],
-        env={"IS_SANDBOX": "1"},
-        backend_url=url,
+        backend_url=url,  # no IS_SANDBOX here: the preset sets it, so this works as root too
     )
     check_calls(rec, tiny_model_dir, dialect="anthropic", auth_header="x-api-key")
     main = check_tool_loops(rec, ["Bash", "Bash"], ["hello.py", "# hello"])

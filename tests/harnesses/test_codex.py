@@ -61,3 +61,21 @@ def test_codex_tool_loop_on_a_scripted_backend(record_harness, make_backend, tin
     assert kinds.count("function_call_output") == 2
     reasoning = next(i for i in items if i.get("type") == "reasoning")
     assert reasoning.get("encrypted_content")  # what we returned, sent back verbatim
+
+
+def test_codex_runs_its_tools_in_its_own_sandbox_with_the_usual_command(
+    record_harness, make_backend, tiny_model_dir, tmp_path
+):
+    """`codex exec --skip-git-repo-check "P"`, without --dangerously-bypass-approvals-and-sandbox: Codex's
+    own bubblewrap sandbox must work under the preset (its helper binaries live in CODEX_HOME, which Codex
+    refuses to use under the temporary folder), and the command's output must reach the next request."""
+    url = scripted_backend(make_backend, tiny_model_dir, tmp_path, "exec_command", {"cmd": "ls"})
+    rec = record_harness(
+        "codex",
+        [str(BIN / "codex"), "exec", "--skip-git-repo-check", "List the files, then say done."],
+        backend_url=url,
+    )
+    assert rec.proc.returncode == 0, rec.tails()
+    main = check_tool_loops(rec, ["exec_command"], ["hello.py"])
+    sent_back = [m for m in main[1].conversation["messages"] if m["role"] == "tool"]
+    assert "codex-linux-sandbox" not in sent_back[-1]["content"] and "bwrap" not in sent_back[-1]["content"]

@@ -66,3 +66,12 @@ def test_pi_tool_loop_in_each_wire_format(
     main = check_tool_loops(rec, ["bash", "bash"], ["hello.py", "# hello"])
     assert len(main) == len(rec.calls) == 3 and all(c.stream for c in rec.calls)
     assert check_side_requests(rec) == []
+
+
+def test_pi_runs_with_its_usual_command_the_proxy_being_its_default(record_harness, tiny_model_dir):
+    """`pi -p "P"` without --provider/--model: the preset's settings.json makes the proxy Pi's default."""
+    rec = record_harness("pi", [str(BIN / "pi"), "-p", "List the files, then say done."])
+    assert rec.proc.returncode == 0, rec.tails()
+    assert "Connection error" not in rec.proc.stdout + rec.proc.stderr
+    check_calls(rec, tiny_model_dir, dialect="openai_chat", auth_header="authorization")
+    assert rec.calls and json.loads(rec.calls[0].request_body)["model"] == tiny_model_dir.name

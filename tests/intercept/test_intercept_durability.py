@@ -37,7 +37,12 @@ def test_in_flight_before_the_first_byte_and_ok_after_the_last(tmp_path, standin
     script.write_text(f"HEADERS = {OPENAI_AUTH!r}\nCHAT = {CHAT!r}\n" + CLIENT)
     db = tmp_path / "intercept.db"
     rec = run_intercept(
-        tmp_path, standin, test_ca, [sys.executable, str(script), str(db)], "--intercept-host", "llm.internal.test"
+        tmp_path,
+        standin,
+        test_ca,
+        [sys.executable, str(script), str(db)],
+        "--intercept-host",
+        "llm.internal.test",
     )
     seen = json.loads(rec.proc.stdout.split("SEEN ", 1)[1].splitlines()[0])
     assert seen["custom_status"] == 200
@@ -46,3 +51,26 @@ def test_in_flight_before_the_first_byte_and_ok_after_the_last(tmp_path, standin
     custom = rec.calls[0]
     assert custom.backend == "https://llm.internal.test" and custom.dialect == "openai_chat"
     assert custom.completion["tool_calls"][0]["name"] == "ls"
+
+
+UNREACHABLE_CLIENT = """
+import httpx
+try:
+    r = httpx.post("https://api.openai.com/v1/chat/completions", headers=HEADERS, json=CHAT, timeout=30)
+    print("STATUS", r.status_code)
+except httpx.HTTPError as e:
+    print("REFUSED", type(e).__name__)
+"""
+
+
+def test_a_provider_that_cannot_be_reached_is_said_and_recorded_as_a_failed_call(tmp_path, standin, test_ca):
+    script = tmp_path / "unreachable.py"
+    script.write_text(f"HEADERS = {OPENAI_AUTH!r}\nCHAT = {CHAT!r}\n" + UNREACHABLE_CLIENT)
+    rec = run_intercept(
+        tmp_path, standin, test_ca, [sys.executable, str(script)], "--resolve", "api.openai.com=127.0.0.1:1"
+    )
+    assert "STATUS" not in rec.proc.stdout or "STATUS 502" in rec.proc.stdout  # the client is refused
+    assert "polarproxy: cannot reach api.openai.com" in rec.proc.stderr
+    [call] = rec.calls
+    assert call.status == "failed" and "cannot reach the provider api.openai.com" in call.error
+    assert call.dialect == "openai_chat" and call.backend == "https://api.openai.com"

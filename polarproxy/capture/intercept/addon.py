@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,9 +106,26 @@ class Interceptor:
         if not sni or not self.providers.intercepts(sni):
             return
         reason = data.conn.error or "TLS handshake failed"
+        await self._failed_before_request(
+            sni,
+            f"the client rejected polarproxy's certificate for {sni} ({reason}): it does not trust "
+            "the intercept CA (see `polarproxy ca install-hint`)",
+        )
+
+    async def server_connect_error(self, data: ServerConnectionHookData) -> None:
+        """A provider that cannot be reached: the CONNECT fails before any request, so say and record why."""
+        host = data.server.sni or (str(data.server.address[0]) if data.server.address else "")
+        if not host or not self.providers.intercepts(host):
+            return
+        reason = data.server.error or "connection failed"
+        print(f"polarproxy: cannot reach {host}: {reason} (recorded as a failed call)", file=sys.stderr)
+        await self._failed_before_request(host, f"cannot reach the provider {host}: {reason}")
+
+    async def _failed_before_request(self, host: str, error: str) -> None:
+        """Record a call that failed before its request was seen (a refused certificate, no upstream)."""
         start = CallStart(
             episode_id=self.episode_id,
-            dialect=self.providers.dialect_for_host(sni),
+            dialect=self.providers.dialect_for_host(host),
             method="CONNECT",
             path="",
             model="",
@@ -116,21 +134,13 @@ class Interceptor:
             request_body="",
             conversation=None,
             prompt_ids=[],
-            backend=f"https://{sni}",
+            backend=f"https://{host}",
             backend_kind="provider",
             fidelity="text",
             started_at=time.time(),
         )
         call_id, _ = await self.writer.begin_call(start)
-        await self.writer.finish_call(
-            call_id,
-            CallResult(
-                status="failed",
-                error=f"the client rejected polarproxy's certificate for {sni} ({reason}): it does not trust "
-                "the intercept CA (see `polarproxy ca install-hint`)",
-                ended_at=time.time(),
-            ),
-        )
+        await self.writer.finish_call(call_id, CallResult(status="failed", error=error, ended_at=time.time()))
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         """WebSocket frames are not recorded (Codex's Responses-over-WebSocket): say so once per host."""
@@ -233,6 +243,12 @@ class Interceptor:
             return
         msg = flow.error.msg if flow.error else "connection error"
         status = flow.response.status_code if flow.response is not None else None
+        if status is None and "client" not in msg.lower():
+            where = flow.request.pretty_host + redact_path(flow.request.path)
+            print(
+                f"polarproxy: {flow.request.method} {where} failed: {msg} (recorded as a failed call)",
+                file=sys.stderr,
+            )
         await self._finish(rec, status, msg)
 
     async def _finish(self, rec: _Flow, status: int | None, connection_error: str | None) -> None:

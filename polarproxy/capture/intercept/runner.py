@@ -1,30 +1,29 @@
 """`polarproxy record --intercept -- CMD`: one episode of a harness talking to its real provider.
 
 The child keeps its own keys and base URLs; it gets the proxy variables and a trust bundle with the
-polarproxy CA (`env.py`). It runs with the terminal's stdin/stdout/stderr, signals are passed on as in
-gateway `record`, and the exit code is the child's.
+polarproxy CA (`env.py`). It runs with the terminal's stdin/stdout/stderr, through the same child runner as
+gateway `record` (capture/child.py: signals, process group, exit code).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polarproxy.capture.child import run_child
 from polarproxy.capture.intercept.ca import ensure_ca
 from polarproxy.capture.intercept.env import intercept_env, write_bundles
 from polarproxy.capture.intercept.providers import Providers
 from polarproxy.capture.intercept.proxy import start_intercept_proxy
-from polarproxy.capture.runner import FORWARDED_SIGNALS, RecordOutcome, _forward
+from polarproxy.capture.runner import RecordOutcome
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
+from polarproxy.redact import redact_argv
 from polarproxy.store.records import EpisodeStart
 from polarproxy.store.store import Store
 
@@ -87,7 +86,7 @@ async def record_intercept(
     writer = StoreWriter(store)
     episode_id = await writer.create_episode(
         EpisodeStart(
-            command=command,
+            command=redact_argv(command),  # T5: a key passed on the command line is never stored
             harness=cfg.harness,
             cwd=os.getcwd(),
             task=cfg.task,
@@ -112,28 +111,17 @@ async def record_intercept(
         raise
     if on_ready:
         on_ready(proxy.url, episode_id)
-    loop = asyncio.get_running_loop()
     rc = 127
     tmp = Path(tempfile.mkdtemp(prefix="polarproxy-intercept-"))
     try:
         bundle, node_extra = write_bundles(os.environ, ca, tmp)
         env = intercept_env(os.environ, proxy.url, bundle, node_extra)
         env["POLARPROXY_EPISODE"] = episode_id
-        try:
-            proc = await asyncio.create_subprocess_exec(*command, env=env)
-        except (FileNotFoundError, PermissionError) as e:
-            print(f"Error: cannot run {command[0]!r}: {e.strerror}.", file=sys.stderr)
-            rc = 127 if isinstance(e, FileNotFoundError) else 126
-        else:
-            for sig in FORWARDED_SIGNALS:
-                loop.add_signal_handler(sig, _forward, proc, sig)
-            with contextlib.suppress(ValueError):
-                loop.add_signal_handler(signal.SIGINT, lambda: None)
-            rc = await proc.wait()
-            rc = 128 - rc if rc < 0 else rc
+        child = await run_child(command, env)  # signals, process group, exit code: capture/child.py
+        if child.error:
+            print(f"Error: {child.error}", file=sys.stderr)
+        rc = child.code
     finally:
-        for sig in (*FORWARDED_SIGNALS, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         shutil.rmtree(tmp, ignore_errors=True)
         await proxy.stop()
         await writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
