@@ -162,11 +162,24 @@ class ReasoningDelta:
 
 
 @dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of tool call `index` while it is being sampled. The first piece opens the call (its `id` and
+    `name`, with `arguments` usually empty); the `arguments` of all its pieces add up exactly to the
+    arguments of the `ToolCallEvent` that closes it. Only calls whose arguments are JSON-object text are
+    streamed this way; a call parsed whole arrives as a `ToolCallEvent` alone."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
 class ToolCallEvent:
-    """A complete tool call, emitted once its closing tag has been sampled."""
+    """A complete tool call, emitted once its end has been sampled (after its `ToolCallDelta`s, if any)."""
 
     index: int
     call: ToolCall
 
 
-StreamEvent = TextDelta | ReasoningDelta | ToolCallEvent
+StreamEvent = TextDelta | ReasoningDelta | ToolCallDelta | ToolCallEvent

@@ -10,9 +10,10 @@ mitmproxy. Anything else gets a provider-shaped 404; nothing reaches the backend
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from mitmproxy import ctx, exceptions, http
@@ -24,11 +25,17 @@ from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
 from polarproxy.redact import redact_headers, redact_path
 from polarproxy.store.records import CallStart, EpisodeStart
 
+if TYPE_CHECKING:
+    from polarproxy.capture.control import Control
+
 log = logging.getLogger("polarproxy.addon")
 
 EPISODE_HEADER = "x-polarproxy-episode"
 _EPISODE_PATH = re.compile(r"^/e/([A-Za-z0-9_.:-]{1,128})(/.*)$")
 META_KEY = "polarproxy.flow"
+CONTROL_PREFIX = "/polarproxy/"  # polarproxy's own routes (rewards); never a provider route
+REWARD_ROUTE = "/polarproxy/v1/episodes/{id}/reward"
+_REWARD_PATH = re.compile(r"^/polarproxy/v1/episodes/([A-Za-z0-9_.:-]{1,128})/reward/?$")
 
 
 class Recorder:
@@ -48,6 +55,8 @@ class Recorder:
         self.model_name = model_name
         self._injected = gateway is not None
         self.responder: Responder | None = None
+        # `serve`'s control API and episode routing (capture/control.py); None: `record` and mitmdump
+        self.control: Control | None = None
 
     # -- mitmproxy lifecycle --------------------------------------------------------------------
 
@@ -72,6 +81,27 @@ class Recorder:
             "Episode for calls that name none. Default: a new episode per start.",
         )
         loader.add_option("polarproxy_max_tokens", int, 4096, "max_new_tokens when a request sets no limit.")
+        loader.add_option(
+            "polarproxy_prefix_policy",
+            str,
+            "extend",
+            "extend: a call that continues an earlier one is prompted with that call's tokens + the new "
+            "messages (T2); fresh: every call is rendered with the chat template as it stands.",
+        )
+        loader.add_option(
+            "polarproxy_tool_format",
+            str,
+            "",
+            "How the model writes tool calls: hermes, qwen-xml, llama-json, deepseek, mistral or harmony. "
+            "Default: detected from the chat template and tokenizer.",
+        )
+        loader.add_option(
+            "polarproxy_reasoning_format",
+            str,
+            "",
+            "How the model writes reasoning: think (<think>...</think>) or none. "
+            "Default: detected from the chat template and tokenizer.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         if self._injected or not any(k.startswith("polarproxy_") for k in updated):
@@ -89,10 +119,16 @@ class Recorder:
             )
         from polarproxy.backends.sglang import SGLangBackend
         from polarproxy.errors import PolarproxyError
+        from polarproxy.render.family import check_reasoning_format, check_tool_format
+        from polarproxy.render.prefix import check_policy
         from polarproxy.render.renderer import Renderer
         from polarproxy.store.store import Store
 
         try:
+            policy = check_policy(opts.polarproxy_prefix_policy)
+            tool, reasoning = opts.polarproxy_tool_format, opts.polarproxy_reasoning_format
+            tool_format = check_tool_format(tool) if tool else None
+            reasoning_format = check_reasoning_format(reasoning) if reasoning else None
             renderer = Renderer(opts.polarproxy_model)
             store = Store.open(opts.polarproxy_db or None)
         except PolarproxyError as e:
@@ -104,7 +140,12 @@ class Recorder:
             renderer=renderer,
             backend=SGLangBackend(backend_url),
             store=self.writer,
-            options=GatewayOptions(max_tokens_default=opts.polarproxy_max_tokens),
+            options=GatewayOptions(
+                max_tokens_default=opts.polarproxy_max_tokens,
+                prefix_policy=policy,
+                tool_format=tool_format,
+                reasoning_format=reasoning_format,
+            ),
         )
         self.default_episode = opts.polarproxy_episode or None
         self.model_name = renderer.model_dir.name
@@ -134,16 +175,27 @@ class Recorder:
             return
         req = flow.request
         path = req.path
+        if path.startswith(CONTROL_PREFIX) or (self.control is not None and path.partition("?")[0] == "/health"):
+            await self._answer_control(flow)
+            return
         episode = req.headers.get(EPISODE_HEADER) or None
         m = _EPISODE_PATH.match(path)
         if m:
             episode, path = m.group(1), m.group(2)
-        episode = episode or self.default_episode
         bare_path = path.partition("?")[0]
         dialect = route(req.method, bare_path)
         if dialect is None:
             self._answer_other(flow, req.method, bare_path)
             return
+        if self.control is not None:  # serve: API keys, and refusals that write nothing
+            decided = await self.control.episode_for(req, episode, from_path=m is not None)
+            if not isinstance(decided, str) and decided is not None:
+                flow.response = http.Response.make(
+                    decided.status, dialect.error(decided.status, decided.message, decided.code), JSON_HEADERS
+                )
+                return
+            episode = decided
+        episode = episode or self.default_episode
         assert episode is not None
         await self.writer.ensure_episode(episode, EpisodeStart(command=["serve"]))
         start = CallStart(
@@ -173,6 +225,16 @@ class Recorder:
                 e.status, dialect.error(e.status, e.message, e.code), JSON_HEADERS
             )
             return
+        except Exception as e:  # a dialect bug: answer in the format's own shape, not mitmproxy's HTML 502
+            log.exception("internal error while parsing a %s request", dialect.name)
+            await self.gateway.record_failure(
+                start, status="failed", error=f"internal error: {type(e).__name__}: {e}", http_status=500
+            )
+            message = "polarproxy could not read this request (an internal error, recorded with the call)."
+            flow.response = http.Response.make(
+                500, dialect.error(500, message, "internal_error"), JSON_HEADERS
+            )
+            return
         start.model = conv.model
         start.stream = conv.stream
         start.conversation = conv.to_dict()
@@ -197,6 +259,57 @@ class Recorder:
         if META_KEY in flow.metadata and self.responder is not None:
             self.responder.abort(flow.metadata[META_KEY])
 
+    async def _answer_control(self, flow: http.HTTPFlow) -> None:
+        """polarproxy's own routes: `POST /polarproxy/v1/episodes/{id}/reward` with {"reward": x} or
+        {"reward": x, "call": N} (N: the call's sequence number, as `polarproxy show` prints it)."""
+        assert self.writer is not None
+        if self.control is not None and await self.control.answer(flow):
+            return
+        from polarproxy.store.errors import NotFoundError
+        from polarproxy.store.records import RewardOrigin
+
+        req = flow.request
+        bare = req.path.partition("?")[0]
+        m = _REWARD_PATH.match(bare)
+        if m is None:
+            _json(
+                flow,
+                404,
+                {"error": f"Unknown route {req.method} {bare}. polarproxy serves: POST {REWARD_ROUTE}."},
+            )
+            return
+        if req.method != "POST":
+            _json(flow, 405, {"error": f'{bare} takes POST, not {req.method}. Send {{"reward": 1.0}}.'})
+            return
+        episode_id = m.group(1)
+        try:
+            reward, call = _reward_body(req.content or b"")
+        except ValueError as e:
+            _json(flow, 400, {"error": f'{e} Send {{"reward": 1.0}} or {{"reward": 1.0, "call": 0}}.'})
+            return
+        try:
+            stored = await self.writer.set_rewards(
+                episode_id,
+                episode=reward,
+                set_episode=call is None,
+                calls={} if call is None else {call: reward},
+                origin=RewardOrigin(source="http"),
+            )
+        except NotFoundError as e:
+            _json(flow, 404, {"error": str(e)})
+            return
+        except ValueError as e:
+            _json(flow, 400, {"error": str(e)})
+            return
+        except Exception as e:  # the store and its spool both failed
+            _json(flow, 503, {"error": f"The reward was not stored: {e}"})
+            return
+        answer = {"episode_id": episode_id, "call": call, "reward": reward, "source": "http"}
+        if stored is None:  # the database is down: the reward waits in the spool
+            _json(flow, 202, {**answer, "spooled": True})
+        else:
+            _json(flow, 200, answer)
+
     def _answer_other(self, flow: http.HTTPFlow, method: str, path: str) -> None:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "polarproxy"}
         bare = path.rstrip("/")
@@ -214,6 +327,30 @@ class Recorder:
             f"Unknown route {method} {path}. polarproxy serves: {', '.join(served_routes())}, GET /v1/models."
         )
         flow.response = http.Response.make(404, OPENAI_CHAT.error(404, msg, "unknown_route"), JSON_HEADERS)
+
+
+def _json(flow: http.HTTPFlow, status: int, body: dict[str, Any]) -> None:
+    flow.response = http.Response.make(status, orjson.dumps(body), JSON_HEADERS)
+
+
+def _reward_body(content: bytes) -> tuple[float, int | None]:
+    """(reward, call number or None) from a reward request body; ValueError saying what is wrong."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"The body is not valid JSON: {e}.") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"The body must be a JSON object, not {type(body).__name__}.")
+    unknown = sorted(set(body) - {"reward", "call"})
+    if unknown:
+        raise ValueError(f"Unknown keys {unknown}; allowed: 'reward', 'call'.")
+    reward = body.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise ValueError(f"'reward' must be a finite number, got {reward!r}.")
+    call = body.get("call")
+    if call is not None and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
+        raise ValueError(f"'call' must be a call number (0 is the first call), got {call!r}.")
+    return float(reward), call
 
 
 def _reverse_target(modes: Any) -> str:

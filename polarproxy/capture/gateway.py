@@ -21,11 +21,10 @@ from typing import Protocol
 from polarproxy.backends.base import Backend, BackendError, GenerateParams, Generation
 from polarproxy.conversation import Completion, Conversation, FinishReason, Usage
 from polarproxy.dialects.base import Dialect, StreamWriter, answer_signature
-from polarproxy.render.detokenize import IncrementalDetokenizer
-from polarproxy.render.output_parser import OutputParser
+from polarproxy.render.decoder import OutputDecoder, output_decoder
+from polarproxy.render.family import tokenizer_output_format
 from polarproxy.render.prefix import PrefixIndex, Turn
 from polarproxy.render.renderer import Renderer
-from polarproxy.render.stops import StopTrimmer
 from polarproxy.store.records import CallResult, CallStart
 
 log = logging.getLogger("polarproxy.gateway")
@@ -73,12 +72,17 @@ class PendingCall:
     conversation: Conversation
     start: CallStart  # request side of the record, already redacted
     received: float = field(default_factory=time.perf_counter)
+    prompt_fold: str | None = None  # the fold its prompt needed (T2 renders continuations the same way)
 
 
 @dataclass(slots=True)
 class GatewayOptions:
     max_tokens_default: int = 4096
     keepalive_s: float = 15.0
+    # None: detected from the chat template (render/family.py)
+    tool_format: str | None = None  # hermes | qwen-xml | llama-json | deepseek | mistral | harmony
+    reasoning_format: str | None = None  # think | none
+    prefix_policy: str = "extend"  # extend (T2) | fresh (every call rendered as the template does)
 
 
 class StoreLike(Protocol):
@@ -101,7 +105,13 @@ class Gateway:
         self.backend = backend
         self.store = store
         self.options = options or GatewayOptions()
-        self.prefixes = PrefixIndex(renderer)
+        self.prefixes = PrefixIndex(renderer, policy=self.options.prefix_policy)
+        # how this model writes reasoning and tool calls (render/family.py), unless the options say
+        self.output_format = tokenizer_output_format(
+            getattr(renderer, "tokenizer", None),
+            tool_format=self.options.tool_format,
+            reasoning_format=self.options.reasoning_format,
+        )
 
     # -- parameters -----------------------------------------------------------------------------
 
@@ -115,6 +125,17 @@ class Gateway:
             stop=list(s.stop),
             stop_token_ids=list(self.renderer.stop_token_ids),
             seed=s.seed,
+        )
+
+    def decoder(self, conv: Conversation, prompt_ids: list[int], stops: list[str]) -> OutputDecoder:
+        """One call's output decoder: detokenizer, stop trimming and this model's parser, composed."""
+        return output_decoder(
+            self.renderer.decode,
+            self.output_format,
+            stops=stops,
+            tools=conv.tools,
+            new_call_id=new_tool_call_id,
+            prompt_tail=self.renderer.decode(prompt_ids[-4:]),
         )
 
     def shown_ids(self, gen: Generation, ids: list[int]) -> list[int]:
@@ -155,7 +176,8 @@ class Gateway:
             # T2: the prompt is that call's whole prompt + output + new tokens; the store keeps only the new
             # ones (after checking them), so an episode's token storage grows linearly.
             start.prompt_base_call_id, start.prompt_base_len = prompt.extended_from, None
-            start.render_note = prompt.note
+            start.render_note = prompt.record_note()
+            call.prompt_fold = prompt.fold
             # The in-flight record is written while the backend works; it must be on disk before the first
             # byte goes to the harness, and the finished record before the last (T6).
             begin = asyncio.ensure_future(self.store.begin_call(start))
@@ -240,6 +262,9 @@ class _CallRun:
             output_ids=list(gen.output_ids) if gen else [],
             output_logprobs=list(gen.logprobs) if gen else [],
             weight_version=gen.weight_version if gen else None,
+            # first and last chunk's versions: they differ when the weights changed mid-call
+            weight_version_first=gen.weight_version_first if gen else None,
+            weight_version_last=gen.weight_version if gen else None,
             latency_ms=(now - self.call.received) * 1000,
             ttft_ms=(self.first_token_at - self.call.received) * 1000 if self.first_token_at else None,
             ended_at=time.time(),
@@ -250,6 +275,9 @@ class _CallRun:
 
     async def _finish(self, result: CallResult) -> None:
         call_id = await self.call_id()
+        first, last = result.weight_version_first, result.weight_version_last
+        if first is not None and last is not None and first != last:
+            log.warning("call %s was sampled by two weight versions (%s, then %s)", call_id, first, last)
         try:
             await self.gw.store.finish_call(call_id, result)
         except Exception as e:
@@ -399,6 +427,7 @@ class _CallRun:
                 prompt_ids=array("i", self.prompt_ids),
                 output_ids=array("i", gen.output_ids),
                 closing_text=closing,
+                fold=self.call.prompt_fold,
             ),
         )
 
@@ -441,12 +470,9 @@ class _CallRun:
         gen = self.gen
         assert gen is not None and gen.finish_reason is not None
         self.first_token_at = time.perf_counter()
-        trimmer = StopTrimmer(params.stop)
-        text = trimmer.push(gw.renderer.decode(gw.shown_ids(gen, gen.output_ids)))
-        text += trimmer.finish(gen.matched_stop)
-        parser = OutputParser(new_call_id=new_tool_call_id)
-        parser.feed(text)
-        _, completion = parser.finish(_finish_reason(gen), self._usage())
+        decoder = gw.decoder(self.call.conversation, self.prompt_ids, params.stop)
+        decoder.push(gw.shown_ids(gen, gen.output_ids))
+        _, completion = decoder.flush(_finish_reason(gen), self._usage(), gen.matched_stop)
         completion.signature = answer_signature(self.response_id)
         body = self.dialect.response(
             completion, response_id=self.response_id, model=self.model, created=self.created
@@ -465,9 +491,7 @@ class _CallRun:
             created=self.created,
             prompt_tokens=len(self.prompt_ids),
         )
-        detok = IncrementalDetokenizer(gw.renderer.decode)
-        trimmer = StopTrimmer(params.stop)
-        parser = OutputParser(new_call_id=new_tool_call_id)
+        decoder: OutputDecoder | None = None  # made at the first chunk: chat mode learns the prompt IDs there
         try:
             async for gen in self._generate(params, stream=True):
                 self.gen = gen
@@ -476,13 +500,9 @@ class _CallRun:
                     await self._head(200, {"content-type": writer.content_type, "cache-control": "no-cache"})
                     await self._send(writer.start())
                     self._arm_keepalive()
-                text = detok.push(gw.shown_ids(gen, gen.new_ids))
-                if gen.finish_reason is not None:
-                    text += detok.flush()
-                    text = trimmer.push(text) + trimmer.finish(gen.matched_stop)
-                else:
-                    text = trimmer.push(text)
-                if text and (events := parser.feed(text)):
+                if decoder is None:
+                    decoder = gw.decoder(conv, self.prompt_ids, params.stop)
+                if events := decoder.push(gw.shown_ids(gen, gen.new_ids)):
                     await self._send(writer.events(events))
         except BackendError as e:
             self._stop_keepalive()
@@ -490,8 +510,8 @@ class _CallRun:
             return
         self._stop_keepalive()
         gen = self.gen
-        assert gen is not None and gen.finish_reason is not None
-        events, completion = parser.finish(_finish_reason(gen), self._usage())
+        assert gen is not None and gen.finish_reason is not None and decoder is not None
+        events, completion = decoder.flush(_finish_reason(gen), self._usage(), gen.matched_stop)
         completion.signature = answer_signature(self.response_id)
         tail = writer.events(events) + writer.finish(completion)
         await self._finish_ok(completion, b"".join([*self.body_parts, tail]))  # T6: on disk first

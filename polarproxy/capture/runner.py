@@ -1,38 +1,42 @@
 """`polarproxy record` and `polarproxy serve`: a proxy in this process, a harness as a child process.
 
 One `record` is one episode. The child gets base URLs and placeholder keys for every provider SDK, so an
-unmodified harness talks to the proxy; its stdin/stdout/stderr are the terminal's; SIGTERM, SIGHUP and
-SIGQUIT are passed on (SIGINT from a terminal reaches the child directly, as it shares the terminal),
-and `record` exits with the child's exit code.
+unmodified harness talks to the proxy; its stdin/stdout/stderr are the terminal's. The child runs in its
+own process group, signals to `record` are passed on to it, it dies with `record`, and `record` exits with
+its exit code (capture/child.py, shared with intercept mode).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polarproxy.backends.base import Backend, BackendError
 from polarproxy.backends.selection import SelectionError, make_backend, open_backend
+from polarproxy.capture.child import run_child
 from polarproxy.capture.gateway import Gateway, GatewayOptions
 from polarproxy.capture.presets import Preset
 from polarproxy.capture.proxy import RunningProxy, start_proxy
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
+from polarproxy.redact import redact_argv
+from polarproxy.render.prefix import CALLS_PER_EPISODE, Turn, turn_from_record
 from polarproxy.render.renderer import Renderer
+from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
+from polarproxy.store.errors import NotFoundError, StoreError
 from polarproxy.store.records import EpisodeStart
 from polarproxy.store.store import Store
 from polarproxy.store.urls import display_url
 
 PLACEHOLDER_KEY = "sk-polarproxy-local"
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def harness_env(base: Mapping[str, str], proxy_url: str, episode_id: str) -> dict[str, str]:
@@ -84,10 +88,18 @@ class ProxyConfig:
     check_backend: bool = True  # fail at start when the backend's /health does not answer
     backend_kind: str | None = None  # sglang | vllm | local; None: detected from what the server answers
     backend_mode: str = "tokens"  # tokens (polarproxy renders) | chat (the server renders; T2 does not hold)
+    prefix_policy: str = "extend"  # extend (T2) | fresh (every call rendered as the chat template does)
+    # `--tool-format` / `--reasoning-format`; None: detected from the chat template (render/family.py)
+    tool_format: str | None = None  # hermes | qwen-xml | llama-json | deepseek | mistral | harmony
+    reasoning_format: str | None = None  # think | none
     # harness preset (`record --harness NAME`); its name is the episode's harness
     preset: Preset | None = None
     api: str | None = None  # the preset's wire format, for presets that speak several (`--api`)
     model_name: str | None = None  # the model the harness is told to use (default: the model folder's name)
+    # `record --reward-cmd`: a verifier run after the harness, in its folder and environment (rewards/)
+    verifier: Verifier | None = None
+    # `serve --control-token` / POLARPROXY_CONTROL_TOKEN: the control API and harness calls need it / a key
+    control_token: str | None = None
 
 
 @dataclass
@@ -95,6 +107,8 @@ class RecordOutcome:
     exit_code: int
     episode_id: str
     db: str
+    reward: VerifierResult | None = None  # what the verifier gave (None: no --reward-cmd)
+    reward_error: str | None = None  # why no reward was stored (the verifier could not run, the store failed)
 
 
 @dataclass
@@ -122,9 +136,46 @@ async def open_stack(cfg: ProxyConfig) -> Stack:
         renderer=renderer,
         backend=backend,
         store=writer,
-        options=GatewayOptions(max_tokens_default=cfg.max_tokens_default, keepalive_s=cfg.keepalive_s),
+        options=GatewayOptions(
+            max_tokens_default=cfg.max_tokens_default,
+            keepalive_s=cfg.keepalive_s,
+            prefix_policy=cfg.prefix_policy,
+            tool_format=cfg.tool_format,
+            reasoning_format=cfg.reasoning_format,
+        ),
     )
+    gateway.prefixes.loader = store_turns(store, renderer)  # T2 across proxies: the store backs the index
     return Stack(store=store, writer=writer, gateway=gateway, renderer=renderer)
+
+
+def store_turns(store: Store, renderer: Renderer) -> Callable[[str], list[Turn]]:
+    """The prefix index's loader: an episode's recent finished calls, from the store, as Turns (T2 holds for
+    a proxy that did not serve them: a restart, another node)."""
+
+    def load(episode_id: str) -> list[Turn]:
+        try:
+            calls = list(store.iter_calls([episode_id], status="ok"))
+        except NotFoundError:
+            return []
+        turns = []
+        for c in calls[-CALLS_PER_EPISODE:]:
+            if c.render_mode == "server":
+                continue  # server-rendered prompts are not extended (chat mode)
+            turn = turn_from_record(
+                renderer,
+                call_id=c.id,
+                conversation=c.conversation,
+                completion=c.completion,
+                prompt_ids=c.prompt_ids,
+                output_ids=c.output_ids,
+                finish_reason=c.finish_reason,
+                render_note=c.render_note,
+            )
+            if turn is not None:
+                turns.append(turn)
+        return turns
+
+    return load
 
 
 async def _open_backend(cfg: ProxyConfig) -> Backend:
@@ -157,7 +208,7 @@ async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> 
     """Create the episode that calls without one go to, and start mitmproxy with the recorder."""
     episode_id = await stack.writer.create_episode(
         EpisodeStart(
-            command=command,
+            command=redact_argv(command),  # T5: keys on the harness's command line are never stored
             harness=cfg.harness,
             cwd=os.getcwd(),
             task=cfg.task,
@@ -189,60 +240,93 @@ async def record(
     episode_id, proxy = await _start_episode(stack, cfg, command)
     if on_ready:
         on_ready(proxy.url, episode_id)
-    loop = asyncio.get_running_loop()
     rc = 127
     home: Path | None = None
+    verified: VerifierResult | str | None = None
+    verified_error: str | None = None
     try:
         env = harness_env(os.environ, proxy.url, episode_id)
         if cfg.preset is not None:
             home = Path(tempfile.mkdtemp(prefix=f"polarproxy-{cfg.preset.name}-"))
             env = prepare_preset(cfg, env, proxy.url, home)
-        try:
-            proc = await asyncio.create_subprocess_exec(*command, env=env)
-        except (FileNotFoundError, PermissionError) as e:
-            print(f"Error: cannot run {command[0]!r}: {e.strerror}.", file=sys.stderr)
-            rc = 127 if isinstance(e, FileNotFoundError) else 126
-        else:
-            for sig in FORWARDED_SIGNALS:
-                loop.add_signal_handler(sig, _forward, proc, sig)
-            with contextlib.suppress(ValueError):
-                loop.add_signal_handler(signal.SIGINT, lambda: None)  # the child got it from the terminal
-            rc = await proc.wait()
-            rc = 128 - rc if rc < 0 else rc
+        child = await run_child(command, env)  # signals, process group, exit code: capture/child.py
+        if child.error:
+            print(f"Error: {child.error}", file=sys.stderr)
+        rc = child.code
+        if cfg.verifier is not None:  # while the proxy still runs: the verifier may POST rewards to it
+            verified = await _verify(cfg.verifier, env, episode_id, rc)
     finally:
-        for sig in (*FORWARDED_SIGNALS, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
         await proxy.stop()
         await stack.writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
+        if isinstance(verified, VerifierResult):
+            verified_error = await _store_reward(stack, episode_id, verified)
         await close_stack(stack)
-    return RecordOutcome(exit_code=rc, episode_id=episode_id, db=str(stack.store.url))
+    return RecordOutcome(
+        exit_code=rc,
+        episode_id=episode_id,
+        db=str(stack.store.url),
+        reward=verified if isinstance(verified, VerifierResult) else None,
+        reward_error=verified if isinstance(verified, str) else verified_error,
+    )
 
 
-def _forward(proc: asyncio.subprocess.Process, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
+async def _verify(verifier: Verifier, env: dict[str, str], episode_id: str, rc: int) -> VerifierResult | str:
+    """Run the verifier off the event loop (the proxy keeps serving); a str says why it could not run."""
+    try:
+        return await asyncio.to_thread(
+            run_verifier, verifier, cwd=os.getcwd(), env=env, episode_id=episode_id, harness_exit_code=rc
+        )
+    except OSError as e:
+        return f"cannot run the reward command: {e.strerror or e}"
+
+
+async def _store_reward(stack: Stack, episode_id: str, result: VerifierResult) -> str | None:
+    """Record the verifier's reward with where it came from; a str says why it was not stored."""
+    try:
+        await stack.writer.set_rewards(
+            episode_id,
+            episode=result.reward,
+            set_episode=result.set_episode,
+            calls=result.calls,
+            origin=result.origin(),
+        )
+    except (StoreError, ValueError) as e:
+        return f"the verifier's reward was not stored: {e}"
+    return None
 
 
 async def serve(
     cfg: ProxyConfig, *, on_ready: Callable[[str, str], None] | None = None, stop: asyncio.Event | None = None
 ) -> str:
-    """Serve until SIGINT/SIGTERM (or `stop`). Calls without an episode go to one new episode."""
+    """Serve until SIGINT/SIGTERM (or `stop`). Calls without an episode go to one new episode; episodes
+    created through the control API (capture/control.py) are named by their API keys."""
+    from polarproxy.capture.control import Control
+    from polarproxy.store import keys
+
     stack = await open_stack(cfg)
     episode_id, proxy = await _start_episode(stack, cfg, ["serve"])
+    proxy.recorder.control = Control(
+        stack.writer, token=cfg.control_token, default_episode=episode_id, url=proxy.url
+    )
     if on_ready:
         on_ready(proxy.url, episode_id)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in signals:
             loop.remove_signal_handler(sig)
         await proxy.stop()
+        try:  # episodes of the control API outlive this proxy: another one on the database serves them on
+            await asyncio.to_thread(keys.detach, stack.store, stack.writer.identity.id)
+        except StoreError as e:
+            print(f"polarproxy: could not hand the running episodes on: {e}", file=sys.stderr)
         await stack.writer.finish_episode(episode_id, status="ok", exit_code=None)
         await close_stack(stack)
     return episode_id

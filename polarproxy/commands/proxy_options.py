@@ -49,6 +49,54 @@ BackendModeOpt = Annotated[
 MaxTokensOpt = Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")]
 
 
+class PrefixPolicy(StrEnum):
+    extend = "extend"
+    fresh = "fresh"
+
+
+PrefixPolicyOpt = Annotated[
+    PrefixPolicy,
+    typer.Option(
+        "--prefix-policy",
+        envvar="POLARPROXY_PREFIX_POLICY",
+        help="extend: a call that extends an earlier one is prompted with its tokens (T2); fresh: every call "
+        "rendered as the chat template does (for templates that rewrite earlier turns, e.g. Mistral's).",
+    ),
+]
+
+
+class ToolFormat(StrEnum):
+    hermes = "hermes"
+    qwen_xml = "qwen-xml"
+    llama_json = "llama-json"
+    deepseek = "deepseek"
+    mistral = "mistral"
+    harmony = "harmony"
+
+
+class ReasoningFormat(StrEnum):
+    think = "think"
+    none = "none"
+
+
+ToolFormatOpt = Annotated[
+    ToolFormat | None,
+    typer.Option(
+        "--tool-format",
+        envvar="POLARPROXY_TOOL_FORMAT",
+        help="How the model writes tool calls (default: detected from the chat template and tokenizer).",
+    ),
+]
+ReasoningFormatOpt = Annotated[
+    ReasoningFormat | None,
+    typer.Option(
+        "--reasoning-format",
+        envvar="POLARPROXY_REASONING_FORMAT",
+        help="think: <think>...</think> is reasoning; none: it is text (default: detected from the template).",
+    ),
+]
+
+
 def check_backend_url(backend: str) -> str:
     """The backend URL as given, or `Error:` when it is no http(s) URL (`localhost:30000` lacks a scheme)."""
     from urllib.parse import urlsplit
@@ -71,6 +119,9 @@ def proxy_config(
     *,
     backend_kind: BackendKind | None,
     backend_mode: BackendMode,
+    prefix_policy: PrefixPolicy = PrefixPolicy.extend,
+    tool_format: ToolFormat | None = None,
+    reasoning_format: ReasoningFormat | None = None,
     harness: str | None = None,
     task: str | None = None,
     group: str | None = None,
@@ -102,4 +153,7 @@ def proxy_config(
         metadata={"model_dir": str(model.resolve())},
     )
     cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value
+    cfg.prefix_policy = prefix_policy.value
+    cfg.tool_format = tool_format and tool_format.value
+    cfg.reasoning_format = reasoning_format and reasoning_format.value
     return cfg

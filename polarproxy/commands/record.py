@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,9 +15,19 @@ from polarproxy.commands.proxy_options import (
     BackendModeOpt,
     BackendOpt,
     MaxTokensOpt,
+    PrefixPolicy,
+    PrefixPolicyOpt,
+    ReasoningFormatOpt,
+    ToolFormatOpt,
     proxy_config,
 )
-from polarproxy.commands.support import DbOpt, ModelOpt, fail, open_or_explain, usage_fail
+from polarproxy.commands.support import DbOpt, ModelOpt, fail, open_or_explain, safe_text, usage_fail
+
+
+class RewardFrom(StrEnum):
+    exit = "exit"
+    stdout = "stdout"
+
 
 JsonSummaryOpt = Annotated[
     bool,
@@ -56,6 +67,12 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
         "reward": episode.reward,
         "db": outcome.db,
     }
+    verified = getattr(outcome, "reward", None)  # the verifier's result (`--reward-cmd`)
+    if verified is not None:
+        summary["reward_note"] = verified.note
+    if getattr(outcome, "reward_error", None):
+        summary["reward_error"] = outcome.reward_error
+        typer.echo(f"polarproxy: {safe_text(outcome.reward_error)}", err=True)
     text = orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n"
     if json_file is not None:
         try:
@@ -68,6 +85,8 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
     detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
     what = "provider calls" if mode == "intercept" else "calls"
     reward = f", reward {episode.reward:g}" if episode.reward is not None else ""
+    if verified is not None:
+        reward += f" ({verified.note})"
     typer.echo(
         f"polarproxy: episode {outcome.episode_id}{' (intercept)' if mode == 'intercept' else ''}: "
         f"{len(calls)} {what} ({detail}), {episode.tokens} tokens{reward}, exit {outcome.exit_code}, "
@@ -108,7 +127,30 @@ def record(
     ] = None,
     task: Annotated[str | None, typer.Option(help="Task ID stored with the episode.")] = None,
     group: Annotated[str | None, typer.Option(help="Group ID (several samples of one task).")] = None,
+    reward_cmd: Annotated[
+        str | None,
+        typer.Option(
+            help="Verifier shell command run after the harness, in its folder and environment, with "
+            "POLARPROXY_EPISODE and POLARPROXY_EXIT_CODE set; its result is the episode's reward."
+        ),
+    ] = None,
+    reward_from: Annotated[
+        RewardFrom,
+        typer.Option(
+            help="exit: exit 0 is reward 1.0, else 0.0; stdout: the last line is a number or "
+            'JSON {"reward": x, "calls": {"N": y}}.'
+        ),
+    ] = RewardFrom.exit,
+    reward_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds the verifier may run; then its process group is killed and the reward is 0.0."
+        ),
+    ] = 600.0,
     max_tokens: MaxTokensOpt = 4096,
+    prefix_policy: PrefixPolicyOpt = PrefixPolicy.extend,
+    tool_format: ToolFormatOpt = None,
+    reasoning_format: ReasoningFormatOpt = None,
     json_out: JsonSummaryOpt = False,
     json_file: JsonOutOpt = None,
     intercept: Annotated[
@@ -165,6 +207,7 @@ def record(
                     ("--api", api is not None),
                     ("--model-name", model_name is not None),
                     ("--backend-mode", backend_mode is not BackendMode.tokens),
+                    ("--reward-cmd", reward_cmd is not None),
                 )
                 if given
             ],
@@ -201,10 +244,24 @@ def record(
         max_tokens,
         backend_kind=backend_kind,
         backend_mode=backend_mode,
+        prefix_policy=prefix_policy,
+        tool_format=tool_format,
+        reasoning_format=reasoning_format,
         harness=preset.name if preset else None,
         task=task,
         group=group,
     )
+    if reward_cmd is not None:
+        from polarproxy.rewards import Verifier
+
+        try:
+            cfg.verifier = Verifier(reward_cmd, reward_from.value, reward_timeout)  # type: ignore[arg-type]
+        except ValueError as e:
+            usage_fail(str(e), "See `polarproxy record --help` and docs/usage.md (Rewards).")
+    elif reward_from is not RewardFrom.exit or reward_timeout != 600.0:
+        usage_fail(
+            "--reward-from and --reward-timeout go with --reward-cmd.", "Add --reward-cmd CMD, or drop them."
+        )
     if preset is not None:
         cfg.preset, cfg.api, cfg.model_name = preset, chosen_api, model_name
         cfg.metadata["model_name"] = model_name or cfg.model.name

@@ -14,6 +14,10 @@ from polarproxy.commands.proxy_options import (
     BackendModeOpt,
     BackendOpt,
     MaxTokensOpt,
+    PrefixPolicy,
+    PrefixPolicyOpt,
+    ReasoningFormatOpt,
+    ToolFormatOpt,
     proxy_config,
 )
 from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json
@@ -28,9 +32,23 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 8000,
     max_tokens: MaxTokensOpt = 4096,
+    prefix_policy: PrefixPolicyOpt = PrefixPolicy.extend,
+    tool_format: ToolFormatOpt = None,
+    reasoning_format: ReasoningFormatOpt = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON line when ready (url, port, pid) on stdout.")
     ] = False,
+    control_token: Annotated[
+        str | None,
+        typer.Option(
+            "--control-token",
+            envvar="POLARPROXY_CONTROL_TOKEN",
+            show_envvar=True,
+            help="Require this token (Authorization: Bearer TOKEN) on the control API (/polarproxy/v1/...), and "
+            "an episode's API key on every model call. Default: no token (loopback use; episodes also from the "
+            "x-polarproxy-episode header or /e/ID/ paths).",
+        ),
+    ] = None,
 ) -> None:
     """Run the recording proxy until interrupted (episodes from the x-polarproxy-episode header or /e/ID/ paths)."""
     from polarproxy.capture.runner import serve as run_serve
@@ -38,9 +56,21 @@ def serve(
     from polarproxy.errors import PolarproxyError
 
     cfg = proxy_config(
-        backend, model, db, port, max_tokens, backend_kind=backend_kind, backend_mode=backend_mode
+        backend,
+        model,
+        db,
+        port,
+        max_tokens,
+        backend_kind=backend_kind,
+        backend_mode=backend_mode,
+        prefix_policy=prefix_policy,
+        tool_format=tool_format,
+        reasoning_format=reasoning_format,
     )
     cfg.host = host
+    if control_token is not None and not control_token.strip():
+        fail("--control-token is empty.", "Pass a secret (e.g. `openssl rand -hex 24`), or leave the option out.")
+    cfg.control_token = control_token
     check_port_free(host, port)
 
     def ready(url: str, episode_id: str) -> None:

@@ -30,6 +30,14 @@ def tiny_model(
     out: Annotated[Path, typer.Argument(help="Folder to write the model into (new or empty).")],
     train_steps: Annotated[int | None, typer.Option(help="Training steps (0: random weights).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(
+            "--chat-template",
+            help="Use this chat template (a .jinja file): its special tokens join the tokenizer and its "
+            "end-of-turn token becomes the stop token; random weights (answer with `backend --script`).",
+        ),
+    ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite the model files in a non-empty folder.")
     ] = False,
@@ -39,9 +47,17 @@ def tiny_model(
 
     from polarproxy.tiny import DEFAULT_TRAIN_STEPS, build_tiny_model
 
-    steps = DEFAULT_TRAIN_STEPS if train_steps is None else train_steps
+    steps = (0 if chat_template is not None else DEFAULT_TRAIN_STEPS) if train_steps is None else train_steps
     if steps < 0:
         fail(f"--train-steps {steps} is negative.", "Pass 0 for random weights or a positive step count.")
+    if chat_template is not None:
+        if not chat_template.is_file():
+            fail(f"--chat-template '{chat_template}' is not a file.", "Pass a .jinja chat template file.")
+        if steps:
+            fail(
+                f"--train-steps {steps} with --chat-template: training knows only the built-in template.",
+                "Leave --train-steps off (random weights) and script the answers with `backend --script`.",
+            )
     _check_target(out, force)
     t0 = time.perf_counter()
     with Progress(transient=True) as progress:
@@ -50,5 +66,10 @@ def tiny_model(
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=max(total, 1))
 
-        path = build_tiny_model(out, train_steps=steps, seed=seed, progress=report)
+        try:
+            path = build_tiny_model(
+                out, train_steps=steps, seed=seed, progress=report, chat_template=chat_template
+            )
+        except ValueError as e:
+            fail(str(e), "Check the chat template: polarproxy renders a sample conversation with it.")
     typer.echo(f"tiny model in {path} ({time.perf_counter() - t0:.1f} s, {steps} training steps)", err=True)

@@ -1,107 +1,73 @@
 """Parse sampled text into reasoning, text and tool calls, incrementally, as tokens arrive.
 
-Formats (DESIGN.md §4): reasoning in `<think>...</think>`; hermes tool calls
-`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`. A tool call that does not parse is
-returned as text, never raised. Whitespace around reasoning and text is trimmed, and the streamed deltas
-add up to exactly the final `Completion` fields: whitespace is held back until something follows it.
+Reasoning (`--reasoning-format think`) is `<think>...</think>` at the start of the answer, or everything up
+to `</think>` when the prompt already opened `<think>` (Qwen3.5-style generation prompts; see
+`opens_reasoning`). The rest goes to the model family's tool-call parser (`polarproxy.render.parsers`:
+hermes, qwen-xml, llama-json, deepseek, mistral, harmony). A tool call that does not parse is returned as
+text, never raised. Whitespace around reasoning and text is trimmed, and the streamed deltas add up to
+exactly the final `Completion` fields: the completion is built from the events that were streamed.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from polarproxy.conversation import (
-    Completion,
-    FinishReason,
-    ReasoningDelta,
-    StreamEvent,
-    TextDelta,
-    ToolCall,
-    ToolCallEvent,
-    Usage,
-)
+from polarproxy.conversation import Completion, FinishReason, StreamEvent, Tool, Usage
+from polarproxy.render.parsers import OWN_REASONING, PARSERS
+from polarproxy.render.parsers.base import Output, partial_suffix
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
+REASONING_FORMATS = ("think", "none")
 
 
-def _partial_suffix(buf: str, tags: tuple[str, ...]) -> int:
-    """Length of the longest suffix of `buf` that is a proper prefix of one of `tags`."""
-    best = 0
-    for tag in tags:
-        for k in range(min(len(tag) - 1, len(buf)), 0, -1):
-            if k > best and buf.endswith(tag[:k]):
-                best = k
-                break
-    return best
-
-
-def parse_tool_call(body: str, call_id: str) -> ToolCall | None:
-    """The JSON between the tool-call tags, or None when it is not a `{"name", "arguments"}` object."""
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", {})
-    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ToolCall(id=call_id, name=obj["name"], arguments=arguments)
-
-
-class _Trimmed:
-    """A text channel whose leading and trailing whitespace is dropped, emitted incrementally."""
-
-    def __init__(self, make: Callable[[str], StreamEvent]) -> None:
-        self.make = make
-        self.started = False
-        self.held = ""
-        self.value = ""
-
-    def push(self, text: str) -> list[StreamEvent]:
-        if not text:
-            return []
-        if not self.started:
-            text = text.lstrip()
-            if not text:
-                return []
-            self.started = True
-        stripped = text.rstrip()
-        if not stripped:
-            self.held += text
-            return []
-        out = self.held + stripped
-        self.held = text[len(stripped) :]
-        self.value += out
-        return [self.make(out)]
+def opens_reasoning(prompt_tail: str) -> bool:
+    """Whether a prompt ending in `prompt_tail` leaves a `<think>` open, so the answer starts inside it."""
+    return prompt_tail.rstrip().endswith(THINK_OPEN)
 
 
 class OutputParser:
     """`feed(text) -> events`; `finish(finish_reason, usage) -> (events, Completion)`."""
 
-    def __init__(self, *, new_call_id: Callable[[], str], reasoning_open: bool = False) -> None:
-        self._new_id = new_call_id
+    def __init__(
+        self,
+        *,
+        new_call_id: Callable[[], str],
+        reasoning_open: bool = False,
+        tool_format: str = "hermes",
+        reasoning_format: str = "think",
+        tools: Sequence[Tool] = (),
+    ) -> None:
+        if tool_format not in PARSERS:
+            raise ValueError(
+                f"Unknown tool format {tool_format!r}. Must be one of {', '.join(map(repr, PARSERS))}."
+            )
+        if reasoning_format not in REASONING_FORMATS:
+            raise ValueError(
+                f"Unknown reasoning format {reasoning_format!r}. Must be one of "
+                f"{', '.join(map(repr, REASONING_FORMATS))}."
+            )
+        self._out = Output(new_call_id)
+        self._tools = PARSERS[tool_format](self._out, list(tools))
+        thinks = reasoning_format == "think" and tool_format not in OWN_REASONING
+        self._mode = ("think" if reasoning_open else "start") if thinks else "body"
         self._buf = ""
-        self._mode = "think" if reasoning_open else "start"  # start | think | text | call
-        self._call_body = ""
-        self._reasoning = _Trimmed(ReasoningDelta)
-        self._text = _Trimmed(TextDelta)
-        self._calls: list[ToolCall] = []
-        self._saw_reasoning = reasoning_open
+        if thinks and reasoning_open:
+            self._out.saw_reasoning = True
 
     def feed(self, text: str) -> list[StreamEvent]:
-        self._buf += text
-        events: list[StreamEvent] = []
-        while self._buf:
-            progressed = self._step(events)
-            if not progressed:
-                break
-        return events
+        if self._mode == "body":
+            self._tools.feed(text)
+        else:
+            self._buf += text
+            while self._buf and self._mode != "body" and self._step():
+                pass
+            if self._mode == "body" and self._buf:
+                rest, self._buf = self._buf, ""
+                self._tools.feed(rest)
+        return self._out.take()
 
-    def _step(self, events: list[StreamEvent]) -> bool:
+    def _step(self) -> bool:
         buf = self._buf
         if self._mode == "start":
             stripped = buf.lstrip()
@@ -110,84 +76,64 @@ class OutputParser:
             if stripped.startswith(THINK_OPEN):
                 self._buf = stripped[len(THINK_OPEN) :]
                 self._mode = "think"
-                self._saw_reasoning = True
+                self._out.saw_reasoning = True
                 return True
             if THINK_OPEN.startswith(stripped):
                 return False  # could still become <think>
-            self._mode = "text"
+            self._mode = "body"
             return True
-        if self._mode == "think":
-            idx = buf.find(THINK_CLOSE)
-            if idx >= 0:
-                events += self._reasoning.push(buf[:idx])
-                self._buf = buf[idx + len(THINK_CLOSE) :]
-                self._mode = "text"
-                return True
-            keep = _partial_suffix(buf, (THINK_CLOSE,))
-            events += self._reasoning.push(buf[: len(buf) - keep])
-            self._buf = buf[len(buf) - keep :]
-            return False
-        if self._mode == "text":
-            idx = buf.find(CALL_OPEN)
-            if idx >= 0:
-                events += self._text.push(buf[:idx])
-                self._buf = buf[idx + len(CALL_OPEN) :]
-                self._mode = "call"
-                self._call_body = ""
-                return True
-            keep = _partial_suffix(buf, (CALL_OPEN,))
-            events += self._text.push(buf[: len(buf) - keep])
-            self._buf = buf[len(buf) - keep :]
-            return False
-        # call: accumulate the body; search only the part that could hold a new closing tag
-        scan_from = max(0, len(self._call_body) - len(CALL_CLOSE) + 1)
-        self._call_body += buf
-        self._buf = ""
-        idx = self._call_body.find(CALL_CLOSE, scan_from)
-        if idx < 0:
-            return False
-        body = self._call_body[:idx]
-        self._buf = self._call_body[idx + len(CALL_CLOSE) :]
-        self._call_body = ""
-        self._mode = "text"
-        call = parse_tool_call(body.strip(), self._new_id())
-        if call is None:
-            events += self._text.push(CALL_OPEN + body + CALL_CLOSE)
-        else:
-            self._calls.append(call)
-            events.append(ToolCallEvent(index=len(self._calls) - 1, call=call))
-        return True
+        idx = buf.find(THINK_CLOSE)  # think
+        if idx >= 0:
+            self._out.reasoning(buf[:idx])
+            self._buf = buf[idx + len(THINK_CLOSE) :]
+            self._mode = "body"
+            return True
+        keep = partial_suffix(buf, (THINK_CLOSE,))
+        self._out.reasoning(buf[: len(buf) - keep])
+        self._buf = buf[len(buf) - keep :]
+        return False
 
     def finish(
         self, finish_reason: FinishReason, usage: Usage | None = None
     ) -> tuple[list[StreamEvent], Completion]:
-        """Flush what is held back. An unclosed `<think>` stays reasoning; an unclosed tool call is text."""
-        events: list[StreamEvent] = []
-        rest = self._buf
-        self._buf = ""
+        """Flush what is held back. An unclosed `<think>` stays reasoning; an unfinished call that was
+        committed is closed as it stands, other unfinished markup is text."""
+        rest, self._buf = self._buf, ""
         if self._mode == "think":
-            events += self._reasoning.push(rest)
-        elif self._mode == "call":
-            events += self._text.push(CALL_OPEN + self._call_body + rest)
-            self._call_body = ""
+            self._out.reasoning(rest)
         else:
-            events += self._text.push(rest)
-        if finish_reason == "stop" and self._calls:
+            self._tools.feed(rest)
+        self._tools.finish()
+        out = self._out
+        if finish_reason == "stop" and out.calls:
             finish_reason = "tool_calls"
         completion = Completion(
-            text=self._text.value,
-            reasoning=self._reasoning.value if self._saw_reasoning else None,
-            tool_calls=list(self._calls),
+            text=out.text_value,
+            reasoning=out.reasoning_value,
+            tool_calls=list(out.calls),
             finish_reason=finish_reason,
             usage=usage or Usage(),
         )
-        return events, completion
+        return out.take(), completion
 
 
 def parse_output(
-    text: str, *, new_call_id: Callable[[], str], finish_reason: FinishReason = "stop"
+    text: str,
+    *,
+    new_call_id: Callable[[], str],
+    finish_reason: FinishReason = "stop",
+    tool_format: str = "hermes",
+    reasoning_format: str = "think",
+    tools: Sequence[Tool] = (),
+    reasoning_open: bool = False,
 ) -> Completion:
     """Parse a whole sampled text at once (same result as feeding it in pieces)."""
-    parser = OutputParser(new_call_id=new_call_id)
+    parser = OutputParser(
+        new_call_id=new_call_id,
+        tool_format=tool_format,
+        reasoning_format=reasoning_format,
+        tools=tools,
+        reasoning_open=reasoning_open,
+    )
     parser.feed(text)
     return parser.finish(finish_reason)[1]

@@ -3,33 +3,82 @@
 The tokenizer and chat template come from the model folder through transformers (the tokenizer only:
 torch is never imported here). Rendering is `apply_chat_template(..., tokenize=False)` followed by a plain
 encode without added special tokens, so the IDs are exactly the template's text, tokenized once.
+
+What real templates need, handled here the same way for every call:
+- tool-call arguments are handed over as the template reads them: the JSON text where it writes a string
+  verbatim (Qwen3, the tiny template), the parsed object where it iterates `arguments|items` or writes
+  `arguments|tojson` (Qwen3-Coder, Llama 3.1, DeepSeek, Hermes, Mistral). Which one is found once per
+  template by rendering a probe conversation (`arguments_form`).
+- a tool message without `name` gets the name of the tool call it answers (Hermes raises without it).
+- a conversation the template refuses as it stands (it raises) is folded (`polarproxy.render.folds`) and
+  the fold used is recorded; a template that accepts it renders it in place.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from polarproxy.conversation import Conversation, Message, Tool
+from polarproxy.conversation import Conversation, Message, Tool, ToolCall
 from polarproxy.errors import UsageError
+from polarproxy.render.folds import FOLDS, fold, fold_name
+
+ArgumentsForm = Literal["string", "object"]
+PROBE_ARGUMENTS = '{"polarproxy_probe": "argument-value"}'
 
 
-def template_message(m: Message) -> dict[str, Any]:
-    """A neutral message as the chat template expects it (OpenAI-style keys, arguments as JSON text)."""
+def _arguments(text: str, form: ArgumentsForm) -> Any:
+    """Tool-call arguments as the template reads them; text that is not a JSON object stays text."""
+    if form == "string":
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def template_message(
+    m: Message, *, arguments_form: ArgumentsForm = "string", name: str | None = None
+) -> dict[str, Any]:
+    """A neutral message as the chat template expects it (OpenAI-style keys; arguments as JSON text, or
+    parsed with `arguments_form="object"`; `name` for a tool message that has none)."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.reasoning:
         out["reasoning_content"] = m.reasoning
     if m.tool_calls:
         out["tool_calls"] = [
-            {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            {
+                "id": t.id,
+                "type": "function",
+                "function": {"name": t.name, "arguments": _arguments(t.arguments, arguments_form)},
+            }
             for t in m.tool_calls
         ]
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
     if m.name is not None:
         out["name"] = m.name
+    elif name is not None:
+        out["name"] = name
     return out
+
+
+def template_messages(
+    messages: list[Message], arguments_form: ArgumentsForm = "string"
+) -> list[dict[str, Any]]:
+    """The messages for the template; each tool message carries the name of the call it answers."""
+    names = {t.id: t.name for m in messages for t in m.tool_calls}
+    return [
+        template_message(
+            m,
+            arguments_form=arguments_form,
+            name=names.get(m.tool_call_id) if m.role == "tool" and m.tool_call_id is not None else None,
+        )
+        for m in messages
+    ]
 
 
 def template_tool(t: Tool) -> dict[str, Any]:
@@ -56,6 +105,11 @@ def _load_tokenizer(path: Path) -> Any:
 class RenderedPrompt:
     text: str
     ids: list[int]
+    fold: str | None = None  # the fold the template needed (`polarproxy.render.folds`), None: as sent
+
+
+class TemplateRefused(ValueError):
+    """The chat template refuses the conversation even after every fold. The gateway answers 400."""
 
 
 class Renderer:
@@ -84,6 +138,7 @@ class Renderer:
         self.model_dir = path
         self._fast = self.tokenizer.backend_tokenizer  # the Rust tokenizer: encode/decode without overhead
         self.stop_token_ids: list[int] = self._stop_ids(path)
+        self._arguments_form: ArgumentsForm | None = None
 
     def _stop_ids(self, path: Path) -> list[int]:
         ids: list[int] = []
@@ -97,16 +152,67 @@ class Renderer:
             ids.append(self.tokenizer.eos_token_id)
         return ids
 
-    def render_text(self, conv: Conversation, *, add_generation_prompt: bool = True) -> str:
-        messages = [template_message(m) for m in conv.messages]
+    @property
+    def arguments_form(self) -> ArgumentsForm:
+        """How this template takes tool-call arguments: 'string' when it writes the JSON text verbatim,
+        else 'object'. Found once, by rendering a probe tool call both ways."""
+        if self._arguments_form is None:
+            self._arguments_form = self._probe_arguments_form()
+        return self._arguments_form
+
+    def _probe_arguments_form(self) -> ArgumentsForm:
+        probe = [
+            Message(role="user", content="polarproxy probe"),
+            Message(
+                role="assistant", tool_calls=[ToolCall("call_polarproxy_probe", "probe", PROBE_ARGUMENTS)]
+            ),
+        ]
+        tools = [template_tool(Tool(name="probe", description="probe", parameters={"type": "object"}))]
+        for form in ("string", "object"):
+            try:
+                text = self._apply(template_messages(probe, form), tools, add_generation_prompt=False)
+            except Exception:  # the template cannot take this form (e.g. `items` of a string)
+                continue
+            if form == "object" or PROBE_ARGUMENTS in text:
+                return form  # type: ignore[return-value]
+        return "string"
+
+    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kw: Any) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kw)
+
+    def render_folded(
+        self, conv: Conversation, *, add_generation_prompt: bool = True, min_fold: int = 0
+    ) -> tuple[str, int]:
+        """The template's text for `conv` and the fold level it needed (0: rendered as sent). Folds are
+        tried in order only while the template raises (`polarproxy.render.folds`); `min_fold` starts
+        there (to render a continuation the way its earlier turns were rendered)."""
+        from jinja2 import TemplateError
+
         tools = [template_tool(t) for t in conv.tools] or None
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        form = self.arguments_form
+        first: Exception | None = None
+        previous: list[Message] | None = None
+        for level in range(min_fold, len(FOLDS) + 1):
+            messages = fold(conv.messages, level)
+            if previous is not None and messages == previous:
+                continue  # this fold changes nothing here: the template would refuse it again
+            previous = messages
+            try:
+                return self._apply(
+                    template_messages(messages, form), tools, add_generation_prompt=add_generation_prompt
+                ), level
+            except TemplateError as e:
+                first = first or e
+        assert first is not None
+        tried = f"; folding its system and user messages ({fold_name(len(FOLDS))}) did not help"
+        raise TemplateRefused(f"{first}{tried if len(FOLDS) > min_fold else ''}") from first
+
+    def render_text(self, conv: Conversation, *, add_generation_prompt: bool = True) -> str:
+        return self.render_folded(conv, add_generation_prompt=add_generation_prompt)[0]
 
     def render(self, conv: Conversation) -> RenderedPrompt:
-        text = self.render_text(conv)
-        return RenderedPrompt(text=text, ids=self.encode(text))
+        text, level = self.render_folded(conv)
+        return RenderedPrompt(text=text, ids=self.encode(text), fold=fold_name(level))
 
     def encode(self, text: str) -> list[int]:
         # encode_batch releases the GIL while it tokenizes (encode does not), so a long prompt rendered in a

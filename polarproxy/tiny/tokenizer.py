@@ -16,9 +16,16 @@ ADDED_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_res
 VOCAB_SIZE = 4096
 
 
-def train_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+def train_tokenizer(
+    seed: int = 0,
+    vocab_size: int = VOCAB_SIZE,
+    *,
+    special: tuple[str, ...] = SPECIAL_TOKENS,
+    added: tuple[str, ...] = ADDED_TOKENS,
+) -> Tokenizer:
     """Train the BPE model on the built-in corpus; the total vocabulary, added tokens included, is at
-    most `vocab_size`. The special tokens and the added tokens take the last IDs."""
+    most `vocab_size`. The `special` tokens (chat markup) and the `added` tokens (tags the model writes
+    as text) take the last IDs."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -29,7 +36,7 @@ def train_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Tokenizer:
         ]
     )
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)
-    n_added = len(SPECIAL_TOKENS) + len(ADDED_TOKENS)
+    n_added = len(special) + len(added)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - n_added,
         min_frequency=2,
@@ -38,7 +45,7 @@ def train_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Tokenizer:
         special_tokens=[],
     )
     # The chat markup must not be learned as merges: strip it from the training text.
-    markup = SPECIAL_TOKENS + ADDED_TOKENS
+    markup = special + added
 
     def texts():
         for doc in corpus.documents(seed):
@@ -47,6 +54,6 @@ def train_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE) -> Tokenizer:
             yield doc
 
     tok.train_from_iterator(texts(), trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return tok

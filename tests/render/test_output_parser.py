@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from polarproxy.conversation import ReasoningDelta, TextDelta, ToolCallEvent
+from polarproxy.conversation import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEvent
 from polarproxy.render.output_parser import OutputParser, parse_output
 
 
@@ -82,7 +82,8 @@ def test_text_is_not_streamed_past_a_partial_tag():
     parser = OutputParser(new_call_id=ids())
     assert parser.feed("Look <tool") == [TextDelta("Look")]
     events = parser.feed('_call>\n{"name": "x", "arguments": {}}\n</tool_call>')
-    assert [type(e) for e in events] == [ToolCallEvent]
+    assert [type(e) for e in events] == [ToolCallDelta, ToolCallDelta, ToolCallEvent]
+    assert [e.arguments for e in events if isinstance(e, ToolCallDelta)] == ["", "{}"]
 
 
 def test_length_finish_is_kept_even_with_a_tool_call():
@@ -90,3 +91,51 @@ def test_length_finish_is_kept_even_with_a_tool_call():
         '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', new_call_id=ids(), finish_reason="length"
     )
     assert c.finish_reason == "length"
+
+
+def test_the_decoder_gives_the_same_completion_token_by_token_as_at_once(tiny_model_dir):
+    from polarproxy.render.decoder import output_decoder
+    from polarproxy.render.family import OutputFormat
+    from polarproxy.render.renderer import Renderer
+
+    r = Renderer(tiny_model_dir)
+    text = '<think>\nhmm ✓\n</think>\n\nOk 日本.\n<tool_call>\n{"name": "ls", "arguments": {"p": "é"}}\n</tool_call>END more'
+    token_ids = r.encode(text)
+    fmt = OutputFormat(tool="hermes", reasoning="think")
+
+    def decoder():
+        return output_decoder(r.decode, fmt, stops=["END"], tools=[], new_call_id=ids())
+
+    whole = decoder()
+    whole.push(token_ids)
+    _, expected = whole.flush("stop")
+    d = decoder()
+    events = [e for t in token_ids for e in d.push([t])]
+    tail, c = d.flush("stop")
+    assert c == expected
+    assert (c.reasoning, c.text, [(t.name, t.arguments) for t in c.tool_calls]) == (
+        "hmm ✓",
+        "Ok 日本.",
+        [("ls", '{"p": "é"}')],
+    )
+    assert "".join(e.text for e in events + tail if isinstance(e, TextDelta)) == c.text
+
+
+def test_a_prompt_that_opens_think_makes_the_decoder_start_in_reasoning():
+    from polarproxy.render.decoder import output_decoder
+    from polarproxy.render.family import OutputFormat
+
+    def decode(ids_):
+        return "".join(chr(i) for i in ids_)
+
+    think = OutputFormat(tool="hermes", reasoning="think")
+    d = output_decoder(
+        decode, think, stops=[], tools=[], new_call_id=ids(), prompt_tail="assistant\n<think>\n"
+    )
+    d.push([ord(ch) for ch in "why\n</think>\n\nbecause"])
+    _, c = d.flush("stop")
+    assert (c.reasoning, c.text) == ("why", "because")
+    none = OutputFormat(tool="hermes", reasoning="none")
+    d = output_decoder(decode, none, stops=[], tools=[], new_call_id=ids(), prompt_tail="<think>\n")
+    d.push([ord(ch) for ch in "why</think>"])
+    assert d.flush("stop")[1].text == "why</think>"

@@ -23,19 +23,22 @@ Which step a call gets is read from its prompt, so the backend keeps no state an
 do not interfere: it is the number of assistant turns since the last user message that is not a tool
 result. Calls without tools that play the steps (`no_tools: steps`) cannot count turns that way (such
 harnesses send results back as user messages, and may rebuild their history), so there it is the number
-of steps, in order, whose reply (without its reasoning) the prompt already holds. Formats follow the
-chat template of DESIGN.md §4 (`<think>`, hermes `<tool_call>` JSON).
+of steps, in order, whose reply (without its reasoning) the prompt already holds. Answers are written in
+the format of the model's family, read from its chat template (`polarproxy.tiny.formats`: hermes
+`<tool_call>` JSON and `<think>` for the tiny template of DESIGN.md §4; Qwen3-Coder XML, Llama 3.1 JSON,
+DeepSeek and Mistral for a tiny model built with `--chat-template`); so are the turn markers counted.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams
+from polarproxy.tiny.formats import HERMES, Family, detect_family
 
 ASSISTANT = "<|im_start|>assistant\n"
 USER = "<|im_start|>user\n"
@@ -52,7 +55,18 @@ class ScriptError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    text: str  # the assistant output in the model's own format, without the end-of-turn token
+    text: str  # the assistant output in the tiny template's format (hermes), without the end-of-turn token
+    # the parts of a structured step, for other families' formats; `raw` steps have none
+    content: str = ""
+    reasoning: str | None = None
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    structured: bool = False
+
+    def for_family(self, family: Family) -> str:
+        """The answer as a model of `family` writes it (raw steps are verbatim)."""
+        if not self.structured:
+            return self.text
+        return family.write(self.content, list(self.calls), self.reasoning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,22 +137,29 @@ class Script:
             source=source,
         )
 
-    def reply_for(self, prompt_text: str) -> str:
-        """The assistant output (model format) for a rendered prompt."""
-        if TOOLS_MARK not in prompt_text:
+    def reply_for(self, prompt_text: str, family: Family | None = None) -> str:
+        """The assistant output (in `family`'s format; the tiny template's by default) for a rendered
+        prompt."""
+        if family is None:
+            family = HERMES_THINK
+        if family.tools_marker not in prompt_text:
             if self.no_tools == "side" or any(m in prompt_text for m in self.side_when):
                 return self.side_answer
-            index = steps_in_history(prompt_text, self.steps)
+            index = steps_in_history(prompt_text, self.steps, family)
         else:
-            index = step_index(prompt_text)
-        return self.steps[index].text if index < len(self.steps) else self.final
+            index = family.step_index(prompt_text)
+        return self.steps[index].for_family(family) if index < len(self.steps) else self.final
 
 
-def steps_in_history(prompt_text: str, steps: tuple[Step, ...]) -> int:
+HERMES_THINK = replace(HERMES, reasoning=True)  # the tiny template's format
+
+
+def steps_in_history(prompt_text: str, steps: tuple[Step, ...], family: Family | None = None) -> int:
     """How many steps, in order, the prompt already holds as replies (their text after any reasoning)."""
     n = 0
     for step in steps:
-        visible = step.text.split(THINK_END, 1)[-1].strip()
+        text = step.for_family(family) if family is not None else step.text
+        visible = text.split(THINK_END, 1)[-1].strip()
         if not visible or visible not in prompt_text:
             break
         n += 1
@@ -176,6 +197,7 @@ def _step(raw: Any, i: int, source: str) -> Step:
             raise ScriptError(f"{where}: 'raw' must be a string and stand alone.")
         return Step(text=raw["raw"])
     parts: list[str] = []
+    structured: list[tuple[str, dict[str, Any]]] = []
     reasoning = raw.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, str):
@@ -196,12 +218,28 @@ def _step(raw: Any, i: int, source: str) -> Step:
             raise ScriptError(f"{where}.tool_calls[{j}].arguments must be a mapping.")
         body = json.dumps({"name": call["name"], "arguments": args}, ensure_ascii=False)
         rendered.append(f"<tool_call>\n{body}\n</tool_call>")
+        structured.append((call["name"], args))
     body_text = text
     if rendered:
         body_text = (text + "\n" if text else "") + "\n".join(rendered)
     if not body_text and reasoning is None:
         raise ScriptError(f"{where} is empty: give 'text', 'tool_calls', 'reasoning' or 'raw'.")
-    return Step(text="".join(parts) + body_text)
+    return Step(
+        text="".join(parts) + body_text,
+        content=text,
+        reasoning=reasoning,
+        calls=tuple(structured),
+        structured=True,
+    )
+
+
+def runner_family(runner: ModelRunner, script: Script) -> Family:
+    """The family of the runner's chat template (found once per script)."""
+    template = getattr(runner.tokenizer, "chat_template", None) or ""
+    key = ("family", template)
+    if key not in script._cache:
+        script._cache[key] = detect_family(template) if template else HERMES_THINK
+    return script._cache[key]
 
 
 def scripted_steps(
@@ -210,9 +248,14 @@ def scripted_steps(
     """The script's answer for `prompt` as generation steps: token IDs of its text plus the end-of-turn
     token, each with the model's teacher-forced logprob; cut at `max_new_tokens` (finish 'length')."""
     runner.check_prompt(prompt)
-    reply = script.reply_for(runner.decode(prompt, skip_special_tokens=False))
-    end = runner.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    eos = end if isinstance(end, int) and end >= 0 else runner.eos_token_ids[0]
+    family = runner_family(runner, script)
+    reply = script.reply_for(runner.decode(prompt, skip_special_tokens=False), family)
+    eos = runner.eos_token_ids[0]
+    for token in (family.eos, runner.tokenizer.eos_token):
+        end = runner.tokenizer.convert_tokens_to_ids(token) if token else None
+        if isinstance(end, int) and end >= 0 and end != runner.tokenizer.unk_token_id:
+            eos = end
+            break
     ids = [*runner.encode(reply), eos]
     limit = params.max_new_tokens
     if limit == 0:
