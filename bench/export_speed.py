@@ -4,7 +4,7 @@
                                  [--db PATH] [--profile STRATEGY:FORMAT]
 
 Export phase. A synthetic SQLite store (default 1,000 episodes x 30 calls whose context grows to 8,192
-tokens) is written through the Store API (`begin_call` / `finish_call`, one transaction per 10 episodes),
+tokens) is written through the Store API (`begin_call` / `finish_call`, call k of 10 episodes per group commit),
 the way the proxy records: every call extends the one before it (an agent loop), its prompt is the
 earlier prompt + the earlier output + ~200 new tokens, and it samples ~70 tokens with logprobs. Token IDs
 are random in [0, 150000), so they are not Python's small cached ints. Then, side by side in one run,
@@ -78,28 +78,40 @@ def build_store(db: Path, episodes: int, calls: int, context: int, seed: int = 0
     store = Store.open(db)
     try:
         for first in range(0, episodes, 10):
+            # Call k of 10 episodes per transaction, begun and then finished in two group commits, as the
+            # proxy's writer commits them: each call is committed before the next call of its episode
+            # begins, so the store keeps its prompt as a reference to the call before (linear storage).
             with store.batch():
-                for _ in range(first, min(first + 10, episodes)):
-                    eid = store.create_episode(EpisodeStart(command=["bench"], harness="bench"))
-                    prompt = rng.integers(0, VOCAB, tail_len, dtype=np.int32).tolist()
-                    prev = None
-                    for _ in range(calls):
-                        start = CallStart(
-                            episode_id=eid,
-                            dialect="openai_chat",
-                            method="POST",
-                            path="/v1/chat/completions",
-                            model="bench",
-                            stream=True,
-                            request_headers={},
-                            request_body="{}",
-                            conversation=conv,
-                            prompt_ids=prompt,
-                            backend_kind="sglang",
-                            render_mode="extended" if prev else "fresh",
-                            extended_from=prev,
-                        )
-                        call_id, _ = store.begin_call(start)
+                group = [
+                    store.create_episode(EpisodeStart(command=["bench"], harness="bench"))
+                    for _ in range(first, min(first + 10, episodes))
+                ]
+            prompts = [rng.integers(0, VOCAB, tail_len, dtype=np.int32).tolist() for _ in group]
+            prev: list[str | None] = [None] * len(group)
+            for _ in range(calls):
+                with store.batch():
+                    started = [
+                        store.begin_call(
+                            CallStart(
+                                episode_id=eid,
+                                dialect="openai_chat",
+                                method="POST",
+                                path="/v1/chat/completions",
+                                model="bench",
+                                stream=True,
+                                request_headers={},
+                                request_body="{}",
+                                conversation=conv,
+                                prompt_ids=prompts[i],
+                                backend_kind="sglang",
+                                render_mode="extended" if prev[i] else "fresh",
+                                extended_from=prev[i],
+                            )
+                        )[0]
+                        for i, eid in enumerate(group)
+                    ]
+                with store.batch():
+                    for i, call_id in enumerate(started):
                         output = rng.integers(0, VOCAB, out_len, dtype=np.int32).tolist()
                         logprobs = (-rng.random(out_len, dtype=np.float32)).tolist()
                         store.finish_call(
@@ -113,8 +125,9 @@ def build_store(db: Path, episodes: int, calls: int, context: int, seed: int = 0
                                 weight_version="w0",
                             ),
                         )
-                        prompt = prompt + output + rng.integers(0, VOCAB, tail_len, dtype=np.int32).tolist()
-                        prev = call_id
+                        tail = rng.integers(0, VOCAB, tail_len, dtype=np.int32).tolist()
+                        prompts[i] = prompts[i] + output + tail
+                        prev[i] = call_id
     finally:
         store.close()
     size = sum(p.stat().st_size for p in db.parent.glob(db.name + "*"))
@@ -177,7 +190,8 @@ def run_one(strategy: str, fmt: str, db: str, out: str, profile: str | None) -> 
             stats.calls += 1
             stats.per_request_tokens += len(call.prompt_ids) + len(call.output_ids)
     else:
-        stats = write(reconstruct(store.iter_calls(), episodes=episodes), out)
+        calls = store.iter_calls(lazy_prompts=strategy == "prefix-merge")  # as export/run.py reads them
+        stats = write(reconstruct(calls, episodes=episodes), out)
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     if prof:
         prof.disable()

@@ -5,8 +5,9 @@ by side in one run.
 
 - **write**: W writer processes, each the proxy's own writer (StoreWriter: one thread, group commit) with
   E concurrent agent-like episodes (each call: begin_call with a prompt that extends the previous call by
-  its output and new tokens, then finish_call), into one database. 1 concurrent episode (1 writer) and 32
-  (4 writers x 8). Reported: calls/s and tokens/s (prompt + output tokens of the calls written).
+  its output and new tokens, then finish_call), into one database. 1 concurrent episode (1 writer), 32
+  (4 writers x 8) and 128 (4 writers x 32, issue 12's target shape). Reported: calls/s and tokens/s (prompt
+  + output tokens of the calls written).
 - **storage**: one 100-turn episode stored linearly (each call stores only the tokens it adds) and whole
   (every prompt in full, as before issue 5): token-array bytes and the whole database size, each per
   distinct token, against the raw size of the distinct tokens (4 bytes per ID).
@@ -306,6 +307,7 @@ def main() -> None:
             results["write"][name] = {
                 "1": bench_write(new_db("w1"), 1, 1, calls * 4),
                 "32": bench_write(new_db("w32"), 4, 8, calls),
+                "128": bench_write(new_db("w128"), 4, 32, max(2, calls // 2)),  # issue 12's target shape
             }
             results["storage"][name] = {
                 "linear": bench_storage_and_read(new_db("lin"), turns, linear=True),

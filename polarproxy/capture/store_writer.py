@@ -1,7 +1,9 @@
 """The proxy's one writer thread: store writes run off the event loop, in order, grouped into commits.
 
 Each write is queued with a future; the thread takes everything queued so far and applies it in one
-transaction (group commit), so under load one commit covers many calls. Futures resolve only after the
+transaction (group commit), so under load one commit covers many calls; a run of call finishes in a group is
+one executemany (`Store.finish_calls`). Nothing waits for more writes to arrive: a group is what was already
+queued when the previous commit ended. Futures resolve only after the
 commit, so a call awaited here is on disk (T6). If a grouped transaction fails, its writes are retried one
 by one, so one bad write fails alone.
 
@@ -29,7 +31,7 @@ from typing import Any
 
 from polarproxy.store import maintenance, owners, spool
 from polarproxy.store.ids import new_call_id, new_episode_id
-from polarproxy.store.records import CallResult, CallStart, EpisodeStart
+from polarproxy.store.records import CallResult, CallStart, EpisodeStart, RewardOrigin, RewardRecord
 from polarproxy.store.spool import SpoolError, SpoolFile, is_unavailable
 from polarproxy.store.store import Store
 
@@ -119,6 +121,20 @@ class StoreWriter:
     async def finish_call(self, call_id: str, result: CallResult) -> None:
         await self._submit(spool.op_finish_call(call_id, result))
 
+    async def set_rewards(
+        self,
+        episode_id: str,
+        *,
+        episode: float | None = None,
+        set_episode: bool = True,
+        calls: dict[int, float | None] | None = None,
+        origin: RewardOrigin,
+    ) -> list[RewardRecord] | None:
+        """Store.set_rewards through this writer (NotFoundError, ValueError as it raises them); None when the
+        rewards went to the spool (the database is down; they are applied, or set aside, on replay)."""
+        op = spool.op_set_rewards(episode_id, episode, set_episode, dict(calls or {}), origin)
+        return await self._submit(op)  # type: ignore[no-any-return]
+
     # ---- the writer thread -------------------------------------------------------------------------------
 
     def _work(self) -> None:
@@ -160,7 +176,7 @@ class StoreWriter:
                 return
         try:
             with self.store.batch():
-                results = [self._direct(o.op) for o in ops]
+                results = self._direct_group(ops)
         except Exception as e:
             if is_unavailable(e):
                 self._start_spooling(e, ops)
@@ -180,6 +196,27 @@ class StoreWriter:
                 _settle(o, False, e)
             else:
                 _settle(o, True, value)
+
+    def _direct_group(self, ops: list[_Op]) -> list[Any]:
+        """Apply a group in order inside the open batch; a run of call finishes is one executemany."""
+        results: list[Any] = []
+        i = 0
+        while i < len(ops):
+            j = i
+            while (
+                j < len(ops)
+                and ops[j].op["op"] == "finish_call"
+                and isinstance(ops[j].op["result"], CallResult)
+            ):
+                j += 1
+            if j - i > 1:
+                self.store.finish_calls([(o.op["call_id"], o.op["result"]) for o in ops[i:j]])
+                results += [None] * (j - i)
+                i = j
+            else:
+                results.append(self._direct(ops[i].op))
+                i += 1
+        return results
 
     def _direct(self, op: dict[str, Any]) -> Any:
         if op["op"] == "heartbeat":

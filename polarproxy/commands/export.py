@@ -15,6 +15,7 @@ from polarproxy.commands.support import (
     fail,
     nothing_recorded,
     open_store,
+    parse_time_option,
     print_json,
     usage_fail,
 )
@@ -29,6 +30,18 @@ class Format(StrEnum):
     jsonl = "jsonl"
     parquet = "parquet"
     sft = "sft"
+
+
+class Advantages(StrEnum):
+    none = "none"
+    grpo = "grpo"
+    rloo = "rloo"
+
+
+class ScaleRewards(StrEnum):
+    group = "group"
+    batch = "batch"
+    none = "none"
 
 
 SFT_ONLY = ("--tokenizer", "--encoding")
@@ -59,11 +72,12 @@ def _open_for_export(db: str | None, json_out: bool) -> Any:
 def export(
     out: Annotated[Path, typer.Option("--out", help="Output file.")],
     strategy: Annotated[
-        Strategy,
+        Strategy | None,
         typer.Option(
-            help="per-request: one row per call; prefix-merge: calls that extend earlier ones share a row."
+            help="per-request (the default): one row per call; prefix-merge: calls that extend earlier ones "
+            "share a row. Token formats only."
         ),
-    ] = Strategy.per_request,
+    ] = None,
     fmt: Annotated[
         Format,
         typer.Option(
@@ -76,20 +90,14 @@ def export(
     include_failed: Annotated[bool, typer.Option(help="Also export failed and aborted calls.")] = False,
     db: DbOpt = None,
     json_out: JsonOpt = False,
-    status: Annotated[
-        str | None, typer.Option(help="--format sft: only episodes with this status (ok).")
-    ] = None,
-    min_reward: Annotated[
-        float | None, typer.Option(help="--format sft: only episodes with reward >= this.")
-    ] = None,
+    status: Annotated[str | None, typer.Option(help="Only episodes with this status (ok).")] = None,
+    min_reward: Annotated[float | None, typer.Option(help="Only episodes with reward >= this.")] = None,
     since: Annotated[
-        str | None,
-        typer.Option(help="--format sft: only episodes started since (ISO time, or an age: 24h, 7d)."),
+        str | None, typer.Option(help="Only episodes started since (ISO time, or an age: 24h, 7d).")
     ] = None,
-    harness: Annotated[str | None, typer.Option(help="--format sft: only episodes of this harness.")] = None,
+    harness: Annotated[str | None, typer.Option(help="Only episodes of this harness.")] = None,
     model_name: Annotated[
-        str | None,
-        typer.Option("--model-name", help="--format sft: only calls asking for this model name (glob)."),
+        str | None, typer.Option("--model-name", help="Only calls asking for this model name (glob).")
     ] = None,
     tokenizer: Annotated[
         Path | None,
@@ -101,59 +109,88 @@ def export(
         str | None,
         typer.Option(help="--format sft: also write input_ids/loss_mask with this tiktoken encoding."),
     ] = None,
+    task: Annotated[str | None, typer.Option(help="Only episodes of this task.")] = None,
+    group: Annotated[str | None, typer.Option(help="Only episodes of this group.")] = None,
+    advantages: Annotated[
+        Advantages,
+        typer.Option(
+            help="Add each row's advantage from its group's episode rewards: grpo (r - mean) / (std + 1e-6), "
+            "rloo (r - mean of the others), none. Episodes without a reward, and groups whose rewards are "
+            "all equal, are left out and counted (docs/usage.md)."
+        ),
+    ] = Advantages.none,
+    scale_rewards: Annotated[
+        ScaleRewards | None,
+        typer.Option(
+            help="--advantages grpo: the std to divide by: group (the default), batch (over the export), "
+            "none (no division: Dr. GRPO)."
+        ),
+    ] = None,
+    keep_zero_variance: Annotated[
+        bool,
+        typer.Option(
+            help="Keep groups whose rewards are all equal (advantage 0.0) instead of dropping them."
+        ),
+    ] = False,
 ) -> None:
     """Write recorded calls as training rows."""
-    if fmt is not Format.sft and (tokenizer is not None or encoding is not None):
-        usage_fail(f"{', '.join(SFT_ONLY)} go with --format sft.", "Drop them, or pass --format sft.")
+    from polarproxy.errors import PolarproxyError
+    from polarproxy.export.advantages import AdvantageOptions
+    from polarproxy.export.filters import ExportFilters
+    from polarproxy.export.run import OptionError, check_options, run_export
+
+    adv = AdvantageOptions(
+        advantages.value, scale_rewards.value if scale_rewards else None, keep_zero_variance
+    )
+    options = {
+        "strategy": strategy.value if strategy else None,
+        "include_failed": include_failed,
+        "tokenizer": tokenizer,
+        "encoding": encoding,
+        "advantages": adv,
+    }
+    try:
+        check_options(fmt.value, **options)  # type: ignore[arg-type]
+        filters = ExportFilters(
+            status=status,
+            min_reward=min_reward,
+            since=parse_time_option("--since", since) if since is not None else None,
+            harness=harness,
+            model_name=model_name,
+            task=task,
+            group=group,
+        )
+    except OptionError as e:
+        usage_fail(e.message, e.hint)
+    except PolarproxyError as e:
+        usage_fail(e.message, e.hint)
     check_out_path(out)
-    if fmt is Format.sft:
-        from polarproxy.errors import PolarproxyError
-        from polarproxy.export.sft import run_export_sft
-
-        try:
-            summary = run_export_sft(
-                _open_for_export(db, json_out),
-                out,
-                episodes=episode,
-                status=status,
-                min_reward=min_reward,
-                since=since,
-                harness=harness,
-                model=model_name,
-                tokenizer=tokenizer,
-                encoding=encoding,
-            )
-        except PolarproxyError as e:
-            fail(e.message, e.hint)
-        if json_out:
-            print_json(summary)
-        else:
-            typer.echo(f"wrote {summary['rows']} SFT rows ({summary['calls']} calls) to {out}", err=True)
-        return
-    from polarproxy.export.writers import get_writer
-    from polarproxy.reconstruct import get_strategy
-    from polarproxy.store.errors import StoreError
-
-    reconstruct = get_strategy(strategy.value)
-    write = get_writer(fmt.value)
     store = _open_for_export(db, json_out)
     try:
-        ids = [store.get_episode(e).id for e in episode] if episode else None
-    except StoreError as e:
-        fail(str(e), "List episodes with `polarproxy ls`.")
-    episodes = {e.id: e for e in store.list_episodes(limit=None)}
-    rows = reconstruct(store.iter_calls(ids), episodes=episodes, include_failed=include_failed)
-    try:
-        stats = write(rows, out)
+        summary = run_export(store, out, fmt=fmt.value, filters=filters, episodes=episode, **options)  # type: ignore[arg-type]
+    except OptionError as e:
+        usage_fail(e.message, e.hint)
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
     except ValueError as e:
         fail(str(e), "Pick the episodes to export with --episode.")
-    summary = {"out": str(out), "strategy": strategy.value, "format": fmt.value, **stats.summary()}
     if json_out:
         print_json(summary)
+    elif fmt is Format.sft:
+        typer.echo(f"wrote {summary['rows']} SFT rows ({summary['calls']} calls) to {out}", err=True)
     else:
-        typer.echo(
-            f"wrote {stats.rows} rows ({stats.calls} calls, {stats.trainable_tokens} trainable of "
-            f"{stats.total_tokens} tokens; a per-request export holds {stats.per_request_tokens} tokens in "
-            f"{stats.calls} rows) to {out}",
-            err=True,
+        line = (
+            f"wrote {summary['rows']} rows ({summary['calls']} calls, {summary['trainable_tokens']} trainable of "
+            f"{summary['total_tokens']} tokens; a per-request export holds {summary['per_request_tokens']} "
+            f"tokens in {summary['calls']} rows) to {out}"
         )
+        adv_summary = summary.get("advantages")
+        if adv_summary:
+            line += (
+                f"; {adv_summary['estimator']} advantages over {adv_summary['groups']} groups: "
+                f"{adv_summary['zero_variance_groups']} with equal rewards "
+                f"{'kept' if adv_summary['zero_variance_kept'] else 'dropped'}, "
+                f"{adv_summary['episodes_without_reward']} episodes without a reward left out, "
+                f"{adv_summary['rows_dropped']} rows dropped"
+            )
+        typer.echo(line, err=True)

@@ -21,9 +21,11 @@ from polarproxy.commands.support import (
 def list_episodes(
     db: DbOpt = None,
     limit: Annotated[int, typer.Option(help="How many episodes, newest first.")] = 50,
+    task: Annotated[str | None, typer.Option(help="Only episodes of this task (`record --task`).")] = None,
+    group: Annotated[str | None, typer.Option(help="Only episodes of this group (`record --group`).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """List episodes: id, command, exit code, calls, tokens, status, time."""
+    """List episodes: id, command, task, group, exit code, calls, tokens, reward, status, time."""
     from polarproxy.views import episode_rows, episodes_plain, episodes_table
 
     try:
@@ -31,7 +33,10 @@ def list_episodes(
     except NothingRecorded:
         nothing_recorded(json_out, [])
         return
-    episodes = store.list_episodes(limit=limit)
+    from polarproxy.store.query import EpisodeQuery
+
+    where = EpisodeQuery(task=task, group_id=group) if task is not None or group is not None else None
+    episodes = store.list_episodes(limit=limit, where=where)
     for line in backlog_lines(store.url):  # writes waiting in spools (the database was down)
         typer.echo(line, err=True)
     if json_out:

@@ -1,4 +1,4 @@
-"""JSONL export: one export row (schemas/export-row.v1.json) per line."""
+"""JSONL export: one export row (schemas/export-row.v2.json) per line."""
 
 from __future__ import annotations
 

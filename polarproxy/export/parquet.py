@@ -1,4 +1,4 @@
-"""Parquet export: the rows of schemas/export-row.v1.json as a table, written streaming in row groups.
+"""Parquet export: the rows of schemas/export-row.v2.json as a table, written streaming in row groups.
 
 Columns are the row's keys. Token arrays are typed lists (`input_ids` int32, `loss_mask` int8, `logprobs`
 float32, the store's precision: the values equal the JSONL ones). `messages` is a list of structs with
@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from polarproxy.export.atomic import atomic_file
-from polarproxy.export.rows import ExportStats, checked_row
+from polarproxy.export.rows import ROW_SCHEMA, ExportStats, checked_row
 from polarproxy.reconstruct.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ _DTYPES = {"input_ids": np.int32, "loss_mask": np.int8, "logprobs": np.float32}
 # Dictionary encoding and column statistics pay off for the scalar columns only; on token columns they
 # cost time and give nothing (min/max of token IDs). zstd level 1 is as small as the default here, faster.
 _DICTIONARY_COLUMNS = ["strategy", "episode_id", "model", "weight_version", "finish_reason", "group_id"]
-_STATISTICS_COLUMNS = [*_DICTIONARY_COLUMNS, "schema_version", "reward"]
+_STATISTICS_COLUMNS = [*_DICTIONARY_COLUMNS, "schema_version", "reward", "advantage"]
 _OPTIONAL_MESSAGE_KEYS = ("reasoning_content", "tool_calls", "tool_call_id", "name")
 
 
@@ -94,10 +94,15 @@ def arrow_schema() -> pa.Schema:
             pa.field("tools", pa.list_(tool), nullable=False),
             pa.field("reward", pa.float64()),
             pa.field("group_id", string),
+            pa.field("call_rewards", pa.list_(pa.float64()), nullable=False),
+            pa.field("weight_versions", pa.list_(string), nullable=False),
+            pa.field("temperatures", pa.list_(pa.float64()), nullable=False),
+            pa.field("mixed_weight_versions", pa.list_(pa.bool_()), nullable=False),
+            pa.field("advantage", pa.float64()),
             pa.field("metadata", string, nullable=False),
         ],
         metadata={
-            "polarproxy.row_schema": "export-row.v1",
+            "polarproxy.row_schema": ROW_SCHEMA,
             "polarproxy.json_text": "metadata, tools[].function.parameters",
         },
     )

@@ -1,4 +1,4 @@
-"""Trajectory → export row (schemas/export-row.v1.json), shared by every export format."""
+"""Trajectory → export row (schemas/export-row.v2.json), shared by every export format."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 from polarproxy.reconstruct.trajectory import Trajectory
 
-SCHEMA_VERSION = 1
-ROW_SCHEMA = "export-row.v1"
+SCHEMA_VERSION = 2
+ROW_SCHEMA = "export-row.v2"
+PER_CALL_FIELDS = ("call_rewards", "weight_versions", "temperatures", "mixed_weight_versions")
 
 
 @dataclass(slots=True)
@@ -27,7 +28,7 @@ class ExportStats:
     def add(self, traj: Trajectory) -> None:
         self.rows += 1
         self.calls += len(traj.call_ids)
-        self.trainable_tokens += traj.loss_mask.count(1)
+        self.trainable_tokens += _count_trainable(traj)
         self.total_tokens += len(traj.input_ids)
         self.per_request_tokens += sum(end for _start, end in traj.call_spans)
 
@@ -48,6 +49,22 @@ class ExportStats:
             "per_request_tokens": self.per_request_tokens,
             "sequence_ratio": self.sequence_ratio,
         }
+
+
+def _count_trainable(traj: Trajectory) -> int:
+    """`loss_mask.count(1)`, fast: counting 0s and the 1s inside the call output spans compares by identity
+    (small ints are shared), where counting 1s among 0s compares each value. Exact: when the 0s and the
+    span 1s do not cover every position, it falls back to counting."""
+    mask, spans, end = traj.loss_mask, traj.call_spans, 0
+    ones = 0
+    for a, b in spans:
+        if a < end or b < a:  # overlapping or unordered spans: count plainly
+            return mask.count(1)
+        ones += mask[a:b].count(1)
+        end = b
+    if ones + mask.count(0) == len(mask):
+        return ones
+    return mask.count(1)
 
 
 def _logprobs_finite_in_spans(traj: Trajectory) -> bool:
@@ -82,6 +99,7 @@ def checked_row(traj: Trajectory) -> tuple[dict[str, Any], bool]:
             f"Trajectory of calls {traj.call_ids} has {n} input_ids, {len(traj.loss_mask)} loss_mask and "
             f"{len(traj.logprobs)} logprobs entries; they must be equal."
         )
+    per_call = _per_call(traj)
     in_spans = _logprobs_finite_in_spans(traj)
     if not in_spans:
         for i, lp in enumerate(traj.logprobs):
@@ -105,6 +123,30 @@ def checked_row(traj: Trajectory) -> tuple[dict[str, Any], bool]:
         "tools": traj.tools,
         "reward": traj.reward,
         "group_id": traj.group_id,
+        **per_call,
+        "advantage": traj.advantage,
         "metadata": traj.metadata,
     }
     return row, in_spans
+
+
+def _per_call(traj: Trajectory) -> dict[str, list[Any]]:
+    """The per-call columns, one entry per call ID. A trajectory built without them (empty lists) gets
+    the values that mean "not recorded"."""
+    n = len(traj.call_ids)
+    out: dict[str, list[Any]] = {}
+    for name in PER_CALL_FIELDS:
+        values = getattr(traj, name)
+        if not values:
+            values = [False if name == "mixed_weight_versions" else None] * n
+        elif len(values) != n:
+            raise ValueError(
+                f"Trajectory of calls {traj.call_ids} has {len(values)} {name} for {n} calls; give one per call."
+            )
+        out[name] = values
+    for i, r in enumerate(out["call_rewards"]):
+        if r is not None and not math.isfinite(r):
+            raise ValueError(f"Call {traj.call_ids[i]} has reward {r}, which JSON cannot represent.")
+    if traj.advantage is not None and not math.isfinite(traj.advantage):
+        raise ValueError(f"Trajectory of calls {traj.call_ids} has advantage {traj.advantage}, not finite.")
+    return out

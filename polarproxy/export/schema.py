@@ -18,7 +18,7 @@ SCHEMA_DIRS = (_PACKAGE_DIR / "schemas", _PACKAGE_DIR.parent / "schemas")
 
 
 def schema_path(name: str) -> Path:
-    """The file of schema `name` ('export-row.v1' or 'export-row.v1.json')."""
+    """The file of schema `name` ('export-row.v2' or 'export-row.v2.json')."""
     filename = name if name.endswith(".json") else name + ".json"
     for folder in SCHEMA_DIRS:
         path = folder / filename
@@ -37,5 +37,5 @@ def _load(path: Path) -> bytes:
 
 
 def load_schema(name: str) -> dict[str, Any]:
-    """The parsed JSON Schema `name`, e.g. load_schema('export-row.v1'). A fresh dict on every call."""
+    """The parsed JSON Schema `name`, e.g. load_schema('export-row.v2'). A fresh dict on every call."""
     return orjson.loads(_load(schema_path(name)))

@@ -15,7 +15,6 @@ Rows are in the OpenAI messages shape that TRL reads (`messages`, `tools`; assis
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 import re
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 import orjson
 
 from polarproxy.errors import UsageError
+from polarproxy.export.filters import ExportFilters
 from polarproxy.reconstruct.messages import assistant_message, chat_message, chat_tools
 from polarproxy.store.records import Call, Episode
 
@@ -40,34 +40,7 @@ EPISODE_STATUSES = ("ok", "failed", "interrupted", "running")
 # -- filters ------------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class SFTFilters:
-    """Which trajectories to harvest. `model` is a glob on the request's model name."""
-
-    status: str | None = None  # episode status
-    min_reward: float | None = None
-    since: float | None = None  # episode start, Unix time
-    harness: str | None = None
-    model: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.status is not None and self.status not in EPISODE_STATUSES:
-            raise UsageError(
-                f"Unknown --status {self.status!r}. Must be one of {', '.join(map(repr, EPISODE_STATUSES))}.",
-                hint="--status ok keeps episodes whose harness exited 0.",
-            )
-
-    def episode(self, ep: Episode) -> bool:
-        if self.status is not None and ep.status != self.status:
-            return False
-        if self.harness is not None and ep.harness != self.harness:
-            return False
-        if self.since is not None and ep.started_at < self.since:
-            return False
-        return not (self.min_reward is not None and (ep.reward is None or ep.reward < self.min_reward))
-
-    def leaf(self, call: Call) -> bool:
-        return self.model is None or fnmatch.fnmatchcase(call.model, self.model)
+SFTFilters = ExportFilters  # the filters of every export format (export/filters.py)
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -401,10 +374,9 @@ def sft_rows(
         ep = episodes.get(batch[0].episode_id)
         if ep is None or not filters.episode(ep):
             return
+        batch = [c for c in batch if filters.call(c)]  # the model-name glob, before trajectories are built
         made = False
         for traj in trajectories(batch, ep):
-            if not filters.leaf(traj.leaf):
-                continue
             try:
                 row = sft_row(traj, tokenization)
             except ValueError as e:
@@ -450,12 +422,13 @@ def export_sft(
     out: str | os.PathLike[str],
     *,
     episode_ids: Sequence[str] | None = None,
-    filters: SFTFilters | None = None,
+    filters: ExportFilters | None = None,
     tokenizer: str | os.PathLike[str] | None = None,
     encoding: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SFTStats:
-    """`polarproxy export --format sft`: read the store, write rows to `out`."""
+    """`polarproxy export --format sft`: read the store (only the episodes that pass `filters`), write rows
+    to `out`."""
     if tokenizer is not None and encoding is not None:
         raise UsageError("--tokenizer and --encoding both given.", hint="Pass one of them.")
     tok: Tokenization | None = None
@@ -463,9 +436,15 @@ def export_sft(
         tok = TemplateTokenization(tokenizer)
     elif encoding is not None:
         tok = TiktokenTokenization.load(encoding)
-    episodes = {e.id: e for e in store.list_episodes(limit=None)}
+    filters = filters or ExportFilters()
+    if episode_ids is not None:
+        from dataclasses import replace
+
+        filters = replace(filters, episode_ids=list(episode_ids))
+    query = filters.query()
+    episodes = {e.id: e for e in store.list_episodes(limit=None, where=query)}
     stats = SFTStats()
-    rows = sft_rows(store.iter_calls(episode_ids), episodes, filters=filters, tokenization=tok, stats=stats)
+    rows = sft_rows(store.iter_calls(where=query), episodes, filters=filters, tokenization=tok, stats=stats)
     if progress is not None:
         rows = _counting(rows, progress)
     write_sft(rows, out)
@@ -491,24 +470,16 @@ def run_export_sft(
     tokenizer: str | os.PathLike[str] | None = None,
     encoding: str | None = None,
 ) -> dict[str, Any]:
-    """What the CLI's `export --format sft` does; returns the summary it prints. Raises UsageError."""
-    from polarproxy.store.errors import StoreError
+    """`export --format sft` with its filters as strings; the same as export.run.run_export(fmt='sft')."""
+    from polarproxy.export.run import run_export
 
-    filters = SFTFilters(
+    filters = ExportFilters(
         status=status,
         min_reward=min_reward,
         since=parse_since(since) if since is not None else None,
         harness=harness,
-        model=model,
+        model_name=model,
     )
-    try:
-        ids = [store.get_episode(e).id for e in episodes] if episodes else None
-    except StoreError as e:
-        raise UsageError(str(e), hint="List episodes with `polarproxy ls`.") from e
-    stats = export_sft(store, out, episode_ids=ids, filters=filters, tokenizer=tokenizer, encoding=encoding)
-    summary: dict[str, Any] = {"out": str(out), "format": "sft", **stats.summary()}
-    if tokenizer is not None or encoding is not None:
-        summary["retokenized"] = str(tokenizer or encoding)
-    if stats.skipped:
-        summary["skipped_reasons"] = stats.skipped[:20]
-    return summary
+    return run_export(
+        store, out, fmt="sft", filters=filters, episodes=episodes, tokenizer=tokenizer, encoding=encoding
+    )

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from polarproxy.reconstruct.messages import chat_messages, chat_tools
-from polarproxy.reconstruct.trajectory import Trajectory
+from polarproxy.reconstruct.trajectory import Trajectory, per_call_columns
 from polarproxy.store.records import Call, Episode
 
 STRATEGY = "per-request"
@@ -68,4 +68,5 @@ def per_request(
             group_id=episode.group_id if episode else None,
             metadata=call_metadata(call, episode),
             call_spans=[(len(prompt), len(prompt) + len(output))],
+            **per_call_columns([call]),
         )

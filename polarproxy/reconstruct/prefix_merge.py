@@ -26,14 +26,15 @@ from itertools import groupby
 
 from polarproxy.reconstruct.messages import chat_messages, chat_tools
 from polarproxy.reconstruct.per_request import call_metadata, is_exported
-from polarproxy.reconstruct.trajectory import Trajectory
+from polarproxy.reconstruct.trajectory import Trajectory, per_call_columns
+from polarproxy.store.rebuild import prompt_len
 from polarproxy.store.records import Call, Episode
 
 STRATEGY = "prefix-merge"
 
 
 def _full_len(call: Call) -> int:
-    return len(call.prompt_ids) + len(call.output_ids)
+    return prompt_len(call) + len(call.output_ids)
 
 
 def extends(prompt: list[int], base: Call) -> bool:
@@ -49,16 +50,32 @@ def extends(prompt: list[int], base: Call) -> bool:
     return prompt[:p] == base.prompt_ids and prompt[p : p + o] == base.output_ids
 
 
+def _stored_as_extension(call: Call, base: Call) -> bool:
+    """Whether the store keeps `call`'s prompt as `base`'s whole prompt + output followed by new tokens (its
+    prompt reference, store/rebuild.py), so that `extends(call.prompt_ids, base)` holds by construction: the
+    store rebuilt that prompt from those very tokens. Only lengths are compared, so no prompt is rebuilt."""
+    whole = _full_len(base)
+    return (
+        call.prompt_base_call_id == base.id
+        and call.prompt_base_len == whole > 0
+        and prompt_len(call) >= whole
+    )
+
+
+def _extends_call(call: Call, base: Call) -> bool:
+    return _stored_as_extension(call, base) or extends(call.prompt_ids, base)
+
+
 def find_parent(call: Call, earlier: list[Call], by_id: Mapping[str, Call]) -> Call | None:
     """The earlier call whose full sequence `call`'s prompt extends, the longest one; None for a root."""
-    prompt = call.prompt_ids
     hint = by_id.get(call.extended_from) if call.extended_from else None
-    best = hint if hint is not None and hint.seq < call.seq and extends(prompt, hint) else None
+    best = hint if hint is not None and hint.seq < call.seq and _extends_call(call, hint) else None
     floor = _full_len(best) if best is not None else 0
-    candidates = [c for c in earlier if floor < _full_len(c) <= len(prompt)]
+    limit = prompt_len(call)
+    candidates = [c for c in earlier if floor < _full_len(c) <= limit]
     candidates.sort(key=lambda c: (_full_len(c), c.seq), reverse=True)
     for cand in candidates:
-        if extends(prompt, cand):
+        if _extends_call(call, cand):
             return cand
     return best
 
@@ -71,7 +88,7 @@ def _trajectory(path: list[Call], owned: list[Call], episode: Episode | None) ->
     logprobs: list[float | None] = [None] * n
     spans: list[tuple[int, int]] = []
     for call in owned:
-        p, o = len(call.prompt_ids), len(call.output_ids)
+        p, o = prompt_len(call), len(call.output_ids)
         loss_mask[p : p + o] = [1] * o
         logprobs[p : p + o] = call.output_logprobs if call.output_logprobs else [None] * o
         spans.append((p, p + o))
@@ -93,6 +110,7 @@ def _trajectory(path: list[Call], owned: list[Call], episode: Episode | None) ->
         group_id=episode.group_id if episode else None,
         metadata=metadata,
         call_spans=spans,
+        **per_call_columns(owned),
     )
 
 

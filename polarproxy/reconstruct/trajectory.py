@@ -19,6 +19,9 @@ class Trajectory:
     ending with the assistant's reply; `tools` OpenAI-style function tools.
     `call_spans` holds, for each call in `call_ids`, the [start, end) positions of its sampled tokens;
     `end` is also the length of that call's own prompt + output (what a per-request row would hold).
+    Aligned with `call_ids` too: each call's own reward (None: the episode's applies), weight version,
+    sampling temperature (None: the backend's default) and whether its tokens came from more than one
+    weight version. `advantage` is set by an export with advantages (export/advantages.py).
     """
 
     episode_id: str
@@ -36,10 +39,25 @@ class Trajectory:
     group_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     call_spans: list[tuple[int, int]] = field(default_factory=list)
+    call_rewards: list[float | None] = field(default_factory=list)
+    weight_versions: list[str | None] = field(default_factory=list)
+    temperatures: list[float | None] = field(default_factory=list)
+    mixed_weight_versions: list[bool] = field(default_factory=list)
+    advantage: float | None = None
 
     @property
     def trainable_tokens(self) -> int:
         return sum(self.loss_mask)
+
+
+def per_call_columns(calls: Sequence[Call]) -> dict[str, Any]:
+    """The Trajectory fields aligned with `call_ids`, for these calls (in order)."""
+    return {
+        "call_rewards": [c.reward for c in calls],
+        "weight_versions": [c.weight_version for c in calls],
+        "temperatures": [c.temperature for c in calls],
+        "mixed_weight_versions": [c.mixed_weight_versions for c in calls],
+    }
 
 
 def assert_round_trip(traj: Trajectory, calls: Sequence[Call]) -> None:

@@ -267,6 +267,9 @@ def delete_episodes(store: Store, episode_ids: Sequence[str]) -> int:
         with store._write() as conn:
             # one statement for the episode's calls: references among them are checked at its end
             deleted += conn.execute(delete(C).where(C.c.episode_id == eid)).rowcount
+            conn.execute(delete(schema.rewards).where(schema.rewards.c.episode_id == eid))
+            conn.execute(delete(schema.episode_keys).where(schema.episode_keys.c.episode_id == eid))
+            conn.execute(delete(schema.episode_finishes).where(schema.episode_finishes.c.episode_id == eid))
             conn.execute(delete(E).where(E.c.id == eid))
     return deleted
 

@@ -180,3 +180,63 @@ def m004_calls_bodies_delta(conn: Connection) -> None:
     the base's (store/textdelta.py). Rows written before keep their bodies whole (the column is NULL)."""
     blob = "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
     conn.execute(text(f"ALTER TABLE calls ADD COLUMN bodies_delta {blob}"))
+
+
+@migration
+def m005_rewards_and_sampling(conn: Connection) -> None:
+    """Issue 11 (rewards, groups, GRPO batches): a `rewards` table that says where each reward came from
+    (a verifier command, `polarproxy reward`, the proxy's HTTP endpoint), and per call the sampling
+    temperature and the weight versions of the first and last answer chunks (a weight update mid-call)."""
+    meta = MetaData()
+    Table("episodes", meta, Column("id", String, primary_key=True))
+    Table(
+        "rewards",
+        meta,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("episode_id", String, ForeignKey("episodes.id"), nullable=False),
+        Column("call_seq", Integer),
+        Column("call_id", String),
+        Column("reward", Float),
+        Column("source", String, nullable=False),
+        Column("command_json", Text),
+        Column("exit_code", Integer),
+        Column("output_tail", Text),
+        Column("note", Text),
+        Column("created_at", Float, nullable=False),
+        Index("ix_rewards_episode", "episode_id"),
+    )
+    meta.tables["rewards"].create(conn)
+    for column, sql_type in (
+        ("temperature", "FLOAT"),  # PostgreSQL: double precision, as SQLAlchemy's Float
+        ("weight_version_first", "VARCHAR"),
+        ("weight_version_last", "VARCHAR"),
+    ):
+        conn.execute(text(f"ALTER TABLE calls ADD COLUMN {column} {sql_type}"))
+
+
+@migration
+def m006_episode_keys(conn: Connection) -> None:
+    """Issue 14 (serve as a multi-episode gateway): the API key of each episode created through the control
+    API, as a SHA-256 hash (a harness's calls carrying the key belong to the episode), and the order in which
+    episodes were finished there (the cursor of the trajectory stream)."""
+    meta = MetaData()
+    Table("episodes", meta, Column("id", String, primary_key=True))
+    Table(
+        "episode_keys",
+        meta,
+        Column("episode_id", String, ForeignKey("episodes.id"), primary_key=True),
+        Column("key_hash", String, nullable=False),
+        Column("created_at", Float, nullable=False),
+        Column("finished_at", Float),
+        Index("ix_episode_keys_key_hash", "key_hash", unique=True),
+    )
+    Table(
+        "episode_finishes",
+        meta,
+        Column("seq", Integer, primary_key=True, autoincrement=True),
+        Column("episode_id", String, ForeignKey("episodes.id"), nullable=False),
+        Column("finished_at", Float, nullable=False),
+        Index("ix_episode_finishes_episode", "episode_id"),
+    )
+    meta.tables["episode_keys"].create(conn)
+    meta.tables["episode_finishes"].create(conn)

@@ -14,6 +14,7 @@ from sqlalchemy import Row
 from polarproxy.store import schema
 from polarproxy.store.arrays import unpack_ids, unpack_ids_array
 from polarproxy.store.errors import StoreError
+from polarproxy.store.records import Call
 
 C = schema.calls
 _TOKEN_CACHE = 32  # rebuilt token sequences kept while reading (prefix-stored calls read their base's)
@@ -66,7 +67,15 @@ class Rebuilder:
                 f"Call {row.id} takes {row.base_len} tokens from its base call {row.base_id}, "
                 f"which has only {len(base)}. The database is inconsistent."
             )
-        return base[: row.base_len].tolist() + unpack_ids(row.tail)
+        return (base[: row.base_len] + unpack_ids_array(row.tail)).tolist()  # one list built, not three
+
+    def note(self, row: TokenRow) -> int:
+        """Remember `row` and rebuild its full sequence as an array (memory copies, no Python ints), so
+        that its prompt can be rebuilt later from the cache (`prompt`); return its prompt's length."""
+        if row.base_id is None and row.base_len:
+            raise StoreError(f"Call {row.id} has prompt_base_len {row.base_len} but no base call.")
+        self._remember(self._rows, row.id, row)
+        return len(self._full_sequence(row.id)) - len(row.output) // 4
 
     def full_sequence(self, call_id: str) -> array:
         """prompt(call) + output(call) as an `array('i')`."""
@@ -184,3 +193,50 @@ class BodyRebuilder:
         except ValueError as exc:
             raise StoreError(f"Call {row.id}'s stored request body cannot be rebuilt: {exc}.") from exc
         return body or "", conv
+
+
+_PROMPT_SLOT = Call.__dict__["prompt_ids"]  # the slot that holds a Call's prompt IDs
+
+
+class LazyPromptCall(Call):
+    """A Call whose `prompt_ids` list is rebuilt when first read (then kept); `prompt_len` is known at once.
+
+    From `Store.iter_calls(lazy_prompts=True)`, for readers that need most prompts only by length (prefix
+    merge reads the leaf's): a call that extends an earlier one then costs memory copies of its token array,
+    not one Python int per token. Read `prompt_ids` while the store is open (the rebuild may read base rows).
+    It is a Call subclass: dataclass equality holds only between two LazyPromptCalls."""
+
+    __slots__ = ("_rebuild", "prompt_len")
+
+    _rebuild: Callable[[], list[int]] | None
+    prompt_len: int
+
+    @classmethod
+    def make(cls, rebuild: Callable[[], list[int]], prompt_len: int, **fields: Any) -> LazyPromptCall:
+        call = cls.__new__(cls)
+        call._rebuild, call.prompt_len = rebuild, prompt_len
+        Call.__init__(call, prompt_ids=None, **fields)  # type: ignore[arg-type]  # None: not rebuilt yet
+        return call
+
+    @property  # type: ignore[override]
+    def prompt_ids(self) -> list[int]:
+        try:
+            return _PROMPT_SLOT.__get__(self, Call)  # type: ignore[no-any-return]
+        except AttributeError:  # not rebuilt yet
+            assert self._rebuild is not None
+            ids = self._rebuild()
+            _PROMPT_SLOT.__set__(self, ids)
+            self._rebuild = None
+            return ids
+
+    @prompt_ids.setter
+    def prompt_ids(self, ids: list[int] | None) -> None:
+        if ids is None:
+            return
+        _PROMPT_SLOT.__set__(self, ids)
+        self.prompt_len, self._rebuild = len(ids), None
+
+
+def prompt_len(call: Call) -> int:
+    """The length of a call's prompt, without rebuilding a LazyPromptCall's IDs."""
+    return call.prompt_len if isinstance(call, LazyPromptCall) else len(call.prompt_ids)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 CallStatus = Literal["in_flight", "ok", "failed", "aborted", "interrupted"]
 EpisodeStatus = Literal["running", "ok", "failed", "interrupted"]
+RewardSource = Literal["command", "cli", "http"]
 Fidelity = Literal["tokens", "server-rendered", "text"]
 RenderMode = Literal["fresh", "extended", "server"]
 
@@ -47,6 +48,9 @@ class CallStart:
     # the tokens, and also finds a shared prefix by itself when no hint is given.
     prompt_base_call_id: str | None = None
     prompt_base_len: int | None = None
+    # The sampling temperature the backend is asked for (the logprobs depend on it). None: the store takes
+    # the conversation's (`sampling.temperature`); None there too means the backend's default.
+    temperature: float | None = None
 
 
 @dataclass(slots=True)
@@ -62,6 +66,10 @@ class CallResult:
     output_logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     weight_version: str | None = None
+    # The weight versions of the first and last answer chunks (None: not reported). They differ when the
+    # weights were updated while the call was sampled: its tokens then come from two policies.
+    weight_version_first: str | None = None
+    weight_version_last: str | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None
     ended_at: float = 0.0
@@ -129,9 +137,43 @@ class Call:
     # (None and 0 when stored whole). `prompt_ids` is always the whole prompt, rebuilt.
     prompt_base_call_id: str | None = None
     prompt_base_len: int = 0
+    temperature: float | None = None  # None: the request set none (the backend's default applied)
+    weight_version_first: str | None = None
+    weight_version_last: str | None = None
+
+    @property
+    def mixed_weight_versions(self) -> bool:
+        """Whether the call's tokens came from more than one weight version (an update mid-call)."""
+        versions = {self.weight_version_first, self.weight_version_last, self.weight_version} - {None}
+        return len(versions) > 1
 
     @property
     def has_tools(self) -> bool:
         """Whether the request offered the model any tools. Side requests (titles, routers, commit
         messages) are ordinary calls of their episode that offer none."""
         return bool((self.conversation or {}).get("tools"))
+
+
+@dataclass(slots=True)
+class RewardOrigin:
+    """Where a reward came from. `command` is the verifier's command line (already redacted), `exit_code`
+    and `output_tail` what it did; `note` says anything else (a timeout, an unreadable output)."""
+
+    source: RewardSource
+    command: list[str] | None = None
+    exit_code: int | None = None
+    output_tail: str | None = None
+    note: str | None = None
+
+
+@dataclass(slots=True)
+class RewardRecord:
+    """One reward as it was set: the value (None: cleared, or none could be read) and its origin.
+    `call_seq` None is the episode's reward; else the call's (the number `polarproxy show` prints)."""
+
+    episode_id: str
+    call_seq: int | None
+    call_id: str | None
+    reward: float | None
+    origin: RewardOrigin
+    created_at: float

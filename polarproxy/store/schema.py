@@ -108,7 +108,55 @@ calls = Table(
     # m004: request_body and conversation_json as compressed edits of the prompt base's (textdelta.py);
     # then request_body is '' and conversation_json NULL. NULL: both are stored whole.
     Column("bodies_delta", LargeBinary),
+    # m005 (issue 11): the sampling temperature the backend was asked for (NULL: the backend's default), and
+    # the weight versions of a call's first and last answer chunks, which differ when weights changed mid-call
+    Column("temperature", Float),
+    Column("weight_version_first", String),
+    Column("weight_version_last", String),
     Index("ix_calls_episode_seq", "episode_id", "seq", unique=True),
     Index("ix_calls_status", "status"),
     Index("ix_calls_prompt_base", "prompt_base_call_id"),  # m003: the calls that use a call as their base
+)
+
+# m005 (issue 11): where every reward came from, one row per reward set (the current values are
+# episodes.reward and calls.reward). `call_seq` NULL: the episode's reward. `source`: command (a verifier run
+# by `record --reward-cmd`), cli (`polarproxy reward`), http (POST /polarproxy/v1/episodes/ID/reward).
+rewards = Table(
+    "rewards",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("episode_id", String, ForeignKey("episodes.id"), nullable=False),
+    Column("call_seq", Integer),
+    Column("call_id", String),
+    Column("reward", Float),
+    Column("source", String, nullable=False),
+    Column("command_json", Text),
+    Column("exit_code", Integer),
+    Column("output_tail", Text),
+    Column("note", Text),
+    Column("created_at", Float, nullable=False),
+    Index("ix_rewards_episode", "episode_id"),
+)
+
+# m006 (issue 14): episodes created through `serve`'s control API. `key_hash` is the SHA-256 of the API key the
+# episode was given (the key itself is never stored); `finished_at` is set by the control API's finish.
+episode_keys = Table(
+    "episode_keys",
+    metadata,
+    Column("episode_id", String, ForeignKey("episodes.id"), primary_key=True),
+    Column("key_hash", String, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("finished_at", Float),
+    Index("ix_episode_keys_key_hash", "key_hash", unique=True),
+)
+
+# m006: one row per episode finished through the control API, in commit order; `seq` is the trajectory
+# stream's cursor (GET /polarproxy/v1/trajectories).
+episode_finishes = Table(
+    "episode_finishes",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("episode_id", String, ForeignKey("episodes.id"), nullable=False),
+    Column("finished_at", Float, nullable=False),
+    Index("ix_episode_finishes_episode", "episode_id"),
 )

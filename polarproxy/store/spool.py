@@ -37,7 +37,7 @@ from sqlalchemy import select
 
 from polarproxy.store import owners, schema
 from polarproxy.store.errors import StoreError
-from polarproxy.store.records import CallResult, CallStart, EpisodeStart
+from polarproxy.store.records import CallResult, CallStart, EpisodeStart, RewardOrigin
 from polarproxy.store.urls import display_url, is_url, sqlalchemy_url
 
 if TYPE_CHECKING:
@@ -149,6 +149,23 @@ def op_finish_episode(episode_id: str, status: str, exit_code: int | None) -> di
     return {"op": "finish_episode", "episode_id": episode_id, "status": status, "exit_code": exit_code}
 
 
+def op_set_rewards(
+    episode_id: str,
+    episode: float | None,
+    set_episode: bool,
+    calls: dict[int, float | None],
+    origin: RewardOrigin,
+) -> dict[str, Any]:
+    return {
+        "op": "set_rewards",
+        "episode_id": episode_id,
+        "episode": episode,
+        "set_episode": set_episode,
+        "calls": {str(k): v for k, v in calls.items()},
+        "origin": origin,
+    }
+
+
 def op_release(writer_id: str) -> dict[str, Any]:
     return {"op": "release", "writer": writer_id}
 
@@ -177,6 +194,15 @@ def apply(store: Store, op: dict[str, Any], *, replay: bool = False) -> Any:
         return store.finish_episode(op["episode_id"], status=op["status"], exit_code=op["exit_code"])
     if kind == "release":
         return owners.release(store, op["writer"])
+    if kind == "set_rewards":
+        from polarproxy.store.rewards import KEEP
+
+        return store.set_rewards(
+            op["episode_id"],
+            episode=op["episode"] if op["set_episode"] else KEEP,
+            calls={int(k): v for k, v in op["calls"].items()},
+            origin=_as(RewardOrigin, op["origin"]),
+        )
     raise ValueError(f"Unknown spool operation {kind!r}.")
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any, get_args
 
@@ -20,14 +21,16 @@ import orjson
 from sqlalchemy import Connection, Engine, Row, and_, bindparam, func, or_, select
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 
-from polarproxy.redact import REDACTED, redact_headers, redact_path
+from polarproxy.redact import REDACTED, redact_argv, redact_headers, redact_path
 from polarproxy.store import schema, textdelta
-from polarproxy.store.arrays import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from polarproxy.store.arrays import pack_ids, pack_logprobs
 from polarproxy.store.bases import Base, Known, RecentCalls, choose_base
+from polarproxy.store.call_rows import call_from_row
 from polarproxy.store.engine import is_sqlite_memory, make_engine, read_transaction, write_transaction
 from polarproxy.store.errors import AmbiguousIdError, NotFoundError, StoreError
 from polarproxy.store.ids import CALL_PREFIX, EPISODE_PREFIX, new_call_id, new_episode_id
 from polarproxy.store.migrations import migrate
+from polarproxy.store.query import EpisodeQuery
 from polarproxy.store.rebuild import (
     BODY_COLUMNS,
     TOKEN_COLUMNS,
@@ -47,6 +50,7 @@ from polarproxy.store.records import (
     EpisodeStart,
     EpisodeStatus,
 )
+from polarproxy.store.rewards import RewardsMixin
 from polarproxy.store.urls import display_url, is_url, sqlalchemy_url
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,7 @@ MIN_REFERENCE_TOKENS = 8  # shorter prompts are always stored whole
 
 E = schema.episodes
 C = schema.calls
+R = schema.rewards
 
 # Hot-path statements, built once; values are passed as parameters (no per-call statement construction).
 _NEXT_SEQ = (
@@ -67,6 +72,9 @@ _NEXT_SEQ = (
     .returning(E.c.next_seq)
 )
 _INSERT_CALL = C.insert()
+# The prompt base as begin_call checks it inside its write transaction; on PostgreSQL share-locked.
+_BASE_ROW = select(C.c.episode_id, C.c.prompt_len, C.c.output_len).where(C.c.id == bindparam("b_base_id"))
+_BASE_ROW_LOCKED = _BASE_ROW.with_for_update(read=True)
 _LATER = C.alias("later")
 # SET: the parameters given. A finished call whose output later calls use as part of their prompt keeps
 # that output: finishing it again is allowed only with the same output IDs (a replay), else no row matches.
@@ -109,6 +117,15 @@ def _redacted_headers(headers: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _redacted_command(command: list[str]) -> list[str]:
+    out = redact_argv(command)
+    if out != command:
+        log.warning(
+            "Secrets on an episode's command line reached the store unredacted; storing them as %s.", REDACTED
+        )
+    return out
+
+
 def _redacted_path(path: str) -> str:
     out = redact_path(path)
     if out != path:
@@ -147,11 +164,18 @@ def _bodies_delta(base: Known, bodies: tuple[str, str | None]) -> bytes | None:
     return delta if len(delta) < len(bodies[0]) + len(bodies[1] or "") else None
 
 
+def _temperature(start: CallStart) -> float | None:
+    if start.temperature is not None:
+        return float(start.temperature)
+    value = ((start.conversation or {}).get("sampling") or {}).get("temperature")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-class Store:
+class Store(RewardsMixin):
     """Episodes and calls. Open with `Store.open(url_or_path)`; close with `close()` or a `with` block."""
 
     def __init__(self, engine: Engine, *, url: str):
@@ -304,7 +328,7 @@ class Store:
         With a given `episode_id` that already exists: `exist_ok=True` returns it unchanged (an atomic
         "ensure"), otherwise StoreError."""
         values = {
-            "command_json": _dumps(list(start.command)),
+            "command_json": _dumps(_redacted_command(list(start.command))),
             "harness": start.harness,
             "cwd": start.cwd,
             "task": start.task,
@@ -345,16 +369,19 @@ class Store:
         if result.rowcount == 0:
             raise NotFoundError(f"No episode {episode_id!r}.")
 
-    def set_reward(self, episode_id: str, reward: float | None) -> None:
-        """Set (or clear, with None) the episode's reward."""
-        with self._write() as conn:
-            result = conn.execute(E.update().where(E.c.id == episode_id).values(reward=reward))
-        if result.rowcount == 0:
-            raise NotFoundError(f"No episode {episode_id!r}.")
-
-    def list_episodes(self, limit: int | None = 50, offset: int = 0) -> list[Episode]:
-        """Episodes, newest first, with their call and token counts. `limit=None` returns all."""
-        query = self._episode_query().order_by(E.c.started_at.desc(), E.c.id.desc()).offset(offset)
+    def list_episodes(
+        self,
+        limit: int | None = 50,
+        offset: int = 0,
+        *,
+        where: EpisodeQuery | None = None,
+    ) -> list[Episode]:
+        """Episodes, newest first, with their call and token counts. `limit=None` returns all; `where`
+        keeps only the episodes that match it (task, group, status, harness, start time, reward)."""
+        query = self._episode_query()
+        if where is not None:
+            query = query.where(*where.conditions())
+        query = query.order_by(E.c.started_at.desc(), E.c.id.desc()).offset(offset)
         if limit is not None:
             query = query.limit(limit)
         with self._read() as conn:
@@ -472,6 +499,7 @@ class Store:
             "extended_from": start.extended_from,
             "render_note": start.render_note,
             "started_at": start.started_at or time.time(),
+            "temperature": _temperature(start),
         }
         call_id = call_id or new_call_id()
         with self._write() as conn:
@@ -531,10 +559,8 @@ class Store:
     def _base_holds(conn: Connection, base: Base, episode_id: str) -> bool:
         """Inside the write transaction: the base is still the call of this episode whose tokens were
         compared (on PostgreSQL its row is share-locked until commit, so its output cannot change)."""
-        query = select(C.c.episode_id, C.c.prompt_len, C.c.output_len).where(C.c.id == base.call_id)
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update(read=True)
-        row = conn.execute(query).first()
+        query = _BASE_ROW_LOCKED if conn.dialect.name == "postgresql" else _BASE_ROW
+        row = conn.execute(query, {"b_base_id": base.call_id}).first()
         if row is None or row.episode_id != episode_id or row.prompt_len != base.prompt_len:
             return False
         if base.length <= row.prompt_len:
@@ -543,6 +569,31 @@ class Store:
 
     def finish_call(self, call_id: str, result: CallResult) -> None:
         """Record how a call ended; on disk when this returns."""
+        params = self._finish_params(call_id, result)
+        with self._write() as conn:
+            updated = conn.execute(_FINISH_CALL, params)
+            if updated.rowcount == 1:
+                self._after_commit(partial(self._recent.finished, call_id, params["output_ids"]))
+        if updated.rowcount == 0:
+            raise self._not_finished(call_id)
+
+    def finish_calls(self, results: Sequence[tuple[str, CallResult]]) -> None:
+        """`finish_call` for several calls in one transaction and one executemany (the writer thread's group
+        commit: one statement for a run of finishes). All or none: if one cannot be finished, nothing is
+        written (inside a `batch`, the batch fails) and its error is raised."""
+        params = [self._finish_params(call_id, result) for call_id, result in results]
+        if not params:
+            return
+        with self._write() as conn:
+            if conn.execute(_FINISH_CALL, params).rowcount != len(params):
+                for p in params:  # find the one that matched no row (finishing again is a no-op: a replay)
+                    if conn.execute(_FINISH_CALL, p).rowcount == 0:
+                        raise self._not_finished(p["b_call_id"])
+            for p in params:
+                self._after_commit(partial(self._recent.finished, p["b_call_id"], p["output_ids"]))
+
+    @staticmethod
+    def _finish_params(call_id: str, result: CallResult) -> dict[str, Any]:
         if result.status not in CALL_STATUSES or result.status == "in_flight":
             allowed = ", ".join(repr(s) for s in CALL_STATUSES if s != "in_flight")
             raise ValueError(f"Unknown final call status {result.status!r}. Must be one of {allowed}.")
@@ -552,7 +603,9 @@ class Store:
                 "logprobs; give one logprob per sampled ID, or none."
             )
         output = pack_ids(result.output_ids)
-        values = {
+        return {
+            "b_call_id": call_id,
+            "b_output_ids": output,
             "status": result.status,
             "error": result.error,
             "http_status": result.http_status,
@@ -563,23 +616,23 @@ class Store:
             "output_len": len(result.output_ids),
             "finish_reason": result.finish_reason,
             "weight_version": result.weight_version,
+            "weight_version_first": result.weight_version_first,
+            "weight_version_last": result.weight_version_last,
             "latency_ms": result.latency_ms,
             "ttft_ms": result.ttft_ms,
             "ended_at": result.ended_at or time.time(),
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,
         }
-        with self._write() as conn:
-            updated = conn.execute(_FINISH_CALL, {"b_call_id": call_id, "b_output_ids": output, **values})
-            if updated.rowcount == 1:
-                self._after_commit(lambda: self._recent.finished(call_id, output))
-        if updated.rowcount == 0:
-            if self._exists(C, call_id):
-                raise StoreError(
-                    f"Call {call_id!r} is finished and later calls store their prompts as its tokens; "
-                    "its output IDs cannot change. Record a new call instead."
-                )
-            raise NotFoundError(f"No call {call_id!r} to finish. Start it with begin_call first.")
+
+    def _not_finished(self, call_id: str) -> StoreError:
+        """The error for a finish that matched no row."""
+        if self._exists(C, call_id):
+            return StoreError(
+                f"Call {call_id!r} is finished and later calls store their prompts as its tokens; "
+                "its output IDs cannot change. Record a new call instead."
+            )
+        return NotFoundError(f"No call {call_id!r} to finish. Start it with begin_call first.")
 
     def mark_interrupted_calls(self) -> int:
         """Mark `in_flight` calls of episodes that are no longer running as `interrupted`; return how many."""
@@ -600,22 +653,33 @@ class Store:
         cid = self._resolve(C, call_id, CALL_PREFIX, "call", "polarproxy show EPISODE")
         with self._read() as conn:
             row = conn.execute(select(C).where(C.c.id == cid)).one()
-        return self._call(row, Rebuilder(self._load_token_row), BodyRebuilder(self._load_body_row))
+        return call_from_row(row, Rebuilder(self._load_token_row), BodyRebuilder(self._load_body_row))
 
     def list_calls(self, episode_id: str) -> list[Call]:
         """The calls of one episode in sequence order."""
         return list(self.iter_calls([episode_id]))
 
     def iter_calls(
-        self, episode_ids: Sequence[str] | None = None, status: str | None = None
+        self,
+        episode_ids: Sequence[str] | None = None,
+        status: str | None = None,
+        *,
+        where: EpisodeQuery | None = None,
+        lazy_prompts: bool = False,
     ) -> Iterator[Call]:
         """Calls in (episode start time, seq) order with their token arrays rebuilt; optionally only some
-        episodes (exact IDs) and one status. Reads in small batches, each its own short transaction."""
+        episodes (exact IDs, or those matching `where`) and one status. Reads in small batches, each its own
+        short transaction.
+
+        `lazy_prompts`: yield LazyPromptCalls (rebuild.py), whose prompt ID lists are built only when read
+        (their lengths are known at once): for readers that need few of them, such as prefix merge."""
         if status is not None and status not in CALL_STATUSES:
             raise ValueError(
                 f"Unknown call status {status!r}. Must be one of {', '.join(map(repr, CALL_STATUSES))}."
             )
         query = select(E.c.id).order_by(E.c.started_at, E.c.id)
+        if where is not None:
+            query = query.where(*where.conditions())
         if episode_ids is not None:
             wanted = list(dict.fromkeys(episode_ids))
             query = query.where(E.c.id.in_(wanted))
@@ -636,7 +700,7 @@ class Store:
                 with self._read() as conn:
                     rows = conn.execute(batch.order_by(C.c.seq).limit(_BATCH)).all()
                 for row in rows:
-                    yield self._call(row, rebuilder, bodies)
+                    yield call_from_row(row, rebuilder, bodies, lazy=lazy_prompts)
                 if len(rows) < _BATCH:
                     break
                 last_seq = rows[-1]._mapping["seq"]
@@ -659,46 +723,3 @@ class Store:
                 f"Call {call_id!r}, the prompt base of another call, is missing. The database is inconsistent."
             )
         return token_row(row)
-
-    @staticmethod
-    def _call(row: Row[Any], rebuilder: Rebuilder, bodies: BodyRebuilder) -> Call:
-        m = row._mapping
-        request_body, conversation_json = bodies.bodies(body_row(row))
-        return Call(
-            id=m["id"],
-            episode_id=m["episode_id"],
-            seq=m["seq"],
-            dialect=m["dialect"],
-            method=m["method"],
-            path=m["path"],
-            model=m["model"],
-            stream=bool(m["stream"]),
-            status=m["status"],
-            error=m["error"],
-            http_status=m["http_status"],
-            request_headers=orjson.loads(m["request_headers_json"]),
-            request_body=request_body,
-            response_body=m["response_body"],
-            conversation=_loads(conversation_json),
-            completion=_loads(m["completion_json"]),
-            prompt_ids=rebuilder.prompt(token_row(row)),
-            output_ids=unpack_ids(m["output_ids"]),
-            output_logprobs=unpack_logprobs(m["output_logprobs"]),
-            finish_reason=m["finish_reason"],
-            weight_version=m["weight_version"],
-            backend=m["backend"],
-            backend_kind=m["backend_kind"],
-            fidelity=m["fidelity"],
-            render_mode=m["render_mode"],
-            extended_from=m["extended_from"],
-            render_note=m["render_note"],
-            started_at=m["started_at"],
-            ended_at=m["ended_at"],
-            latency_ms=m["latency_ms"],
-            ttft_ms=m["ttft_ms"],
-            prompt_tokens=m["prompt_tokens"],
-            completion_tokens=m["completion_tokens"],
-            reward=m["reward"],
-            prompt_base_call_id=m["prompt_base_call_id"],
-            prompt_base_len=m["prompt_base_len"],
-        )

@@ -50,6 +50,7 @@ _URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
 
 def hide_passwords(text: str) -> str:
     """Free text (an error message, a hint) with the password of every URL in it hidden."""
+
     def hide(m: re.Match[str]) -> str:
         url = m.group(0).rstrip(".,:;)]}")
         return display_url(url) + m.group(0)[len(url) :]

@@ -229,3 +229,18 @@ async def test_closing_ends_the_episodes_a_harness_named_and_a_later_call_reopen
     assert seq == 1 and store.get_episode("ep_named0000001").status == "running"
     again.close()
     assert [c.seq for c in store.list_calls("ep_named0000001")] == [0, 1]
+
+
+async def test_a_run_of_finishes_with_a_bad_one_in_it_fails_only_that_one(tmp_path):
+    store = Store.open(tmp_path / "w.db")
+    writer = StoreWriter(store)
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    began = await asyncio.gather(*(writer.begin_call(start(ep, i)) for i in range(30)))
+    ok = CallResult(status="ok", output_ids=[7], output_logprobs=[-0.5])
+    finishes = [writer.finish_call(cid, ok) for cid, _ in began]
+    finishes.insert(15, writer.finish_call("call_does_not_exist", ok))  # queued together: one group
+    results = await asyncio.gather(*finishes, return_exceptions=True)
+    assert isinstance(results[15], LookupError)
+    assert results[:15] + results[16:] == [None] * 30
+    writer.close()
+    assert [c.status for c in Store.open(tmp_path / "w.db").list_calls(ep)] == ["ok"] * 30

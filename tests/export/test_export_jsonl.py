@@ -12,7 +12,7 @@ from polarproxy.reconstruct import assert_round_trip, per_request
 
 @pytest.fixture
 def validator():
-    schema = load_schema("export-row.v1")
+    schema = load_schema("export-row.v2")
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
 
@@ -43,7 +43,7 @@ def test_per_request_rows_validate_have_equal_lengths_and_round_trip(recorded, v
             (t, lp) for t, m, lp in zip(row["input_ids"], row["loss_mask"], row["logprobs"], strict=True) if m
         ]
         assert trainable == list(zip(call.output_ids, call.output_logprobs, strict=True))
-    assert rows[0]["schema_version"] == 1 and rows[0]["reward"] == 1.0 and rows[0]["group_id"] == "g1"
+    assert rows[0]["schema_version"] == 2 and rows[0]["reward"] == 1.0 and rows[0]["group_id"] == "g1"
     assert stats == ExportStats(
         rows=4,
         calls=4,
@@ -102,7 +102,10 @@ def test_schema_is_strict(recorded, validator):
         "a float token id": {**row, "input_ids": [1.5, *row["input_ids"][1:]]},
         "a negative token id": {**row, "input_ids": [-1, *row["input_ids"][1:]]},
         "a string logprob": {**row, "logprobs": ["x", *row["logprobs"][1:]]},
-        "another schema version": {**row, "schema_version": 2},
+        "another schema version": {**row, "schema_version": 1},
+        "no advantage key": {k: v for k, v in row.items() if k != "advantage"},
+        "a string temperature": {**row, "temperatures": ["hot"]},
+        "a null mixed flag": {**row, "mixed_weight_versions": [None]},
         "an unknown strategy": {**row, "strategy": "prefix"},
         "no call ids": {**row, "call_ids": []},
         "an extra message key": {**row, "messages": [{**row["messages"][0], "reasoning": "x"}]},
@@ -114,8 +117,10 @@ def test_schema_is_strict(recorded, validator):
 
 
 def test_load_schema_finds_the_top_level_schemas_folder():
-    path = schema_path("export-row.v1.json")
+    path = schema_path("export-row.v2.json")
     assert path.parent.name == "schemas" and path.parent.parent.joinpath("polarproxy").is_dir()
+    assert load_schema("export-row.v2")["properties"]["schema_version"] == {"const": 2}
+    # version 1 stays, to validate files written before
     assert load_schema("export-row.v1")["properties"]["schema_version"] == {"const": 1}
     with pytest.raises(FileNotFoundError, match=r"No schema 'nope'.*Available: export-row\.v1"):
         load_schema("nope")

@@ -22,7 +22,7 @@ STRATEGIES = ("per-request", "prefix-merge")
 
 @pytest.fixture
 def validator():
-    return Draft202012Validator(load_schema("export-row.v1"))
+    return Draft202012Validator(load_schema("export-row.v2"))
 
 
 def _trajectories(store, strategy, **kw):
@@ -182,6 +182,9 @@ def test_export_command_prints_merge_statistics(recorded, tmp_path):
         "total_tokens": sum(len(t.input_ids) for t in trajs),
         "per_request_tokens": per_request_tokens,
         "sequence_ratio": expected_calls / len(trajs),
+        "episodes": len(store.list_episodes(limit=None)),
+        "filters": {},
+        "advantages": None,
     }
     assert (stats["calls"], stats["trajectories"]) == (5, 4)
     assert list(read_parquet_rows(out)) == [trajectory_to_row(t) for t in trajs]
@@ -191,14 +194,19 @@ def test_export_command_prints_merge_statistics(recorded, tmp_path):
     assert single_stats["trajectories"] == stats["calls"] and single_stats["sequence_ratio"] == 1.0
 
 
+def _plain(text: str) -> str:
+    """Typer's error box as one line of words (its frame drawn with box characters, wrapped to the width)."""
+    return " ".join(text.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+
+
 def test_export_command_names_the_allowed_strategies_and_formats(recorded, tmp_path):
     store, _ = recorded
     db = store.url.removeprefix("sqlite:///")
     e = _export(db, "--strategy", "merge", "--out", str(tmp_path / "x"))
-    assert e.returncode == 1
-    assert "Unknown strategy 'merge'. Must be one of 'per-request', 'prefix-merge'." in e.stderr
+    assert e.returncode == 2
+    assert "'merge' is not one of 'per-request', 'prefix-merge'" in _plain(e.stderr)
     e = _export(db, "--format", "csv", "--out", str(tmp_path / "x"))
-    assert e.returncode == 1 and "Must be one of 'jsonl', 'parquet'" in e.stderr
+    assert e.returncode == 2 and "'csv' is not one of 'jsonl', 'parquet', 'sft'" in _plain(e.stderr)
     assert not (tmp_path / "x").exists()
 
 

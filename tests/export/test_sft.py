@@ -171,7 +171,9 @@ def test_filters(store):
         good
     }
     assert {r["harness"] for r in rows_of(store, filters=SFTFilters(harness="codex"))} == {"codex"}
-    assert {r["model"] for r in rows_of(store, filters=SFTFilters(model="claude-h*"))} == {"claude-haiku"}
+    assert {r["model"] for r in rows_of(store, filters=SFTFilters(model_name="claude-h*"))} == {
+        "claude-haiku"
+    }
     assert rows_of(store, filters=SFTFilters(since=time.time() + 60)) == []
     assert len(rows_of(store, filters=SFTFilters(since=parse_since("1h")))) == 6
     with pytest.raises(Exception, match="Unknown --status 'good'"):

@@ -1,0 +1,185 @@
+"""`polarproxy export` as one library call: options checked, filters applied, advantages computed, rows written.
+
+The CLI parses flags and calls `run_export`; everything an export does is here, the same for every format:
+the filters (export/filters.py) choose the episodes and calls, the advantages (export/advantages.py) are
+computed over the episodes that pass, and each format writes the rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from polarproxy.errors import UsageError
+from polarproxy.export.advantages import AdvantageOptions, AdvantageReport, compute_advantages
+from polarproxy.export.filters import ExportFilters
+from polarproxy.reconstruct.trajectory import Trajectory
+
+FORMATS = ("jsonl", "parquet", "sft")
+TOKEN_FORMATS = ("jsonl", "parquet")
+DEFAULT_STRATEGY = "per-request"
+
+
+class OptionError(UsageError):
+    """An option that does not apply to the format or the other options given (a usage error: exit 2)."""
+
+
+def check_options(
+    fmt: str,
+    *,
+    strategy: str | None = None,
+    include_failed: bool = False,
+    tokenizer: object | None = None,
+    encoding: str | None = None,
+    advantages: AdvantageOptions | None = None,
+) -> None:
+    """Refuse options that would be silently ignored (OptionError), before anything is read."""
+    adv = advantages or AdvantageOptions()
+    if fmt not in FORMATS:
+        raise OptionError(
+            f"Unknown --format {fmt!r}. Must be one of {', '.join(map(repr, FORMATS))}.",
+            hint="jsonl or parquet: token rows; sft: chat messages.",
+        )
+    if fmt in TOKEN_FORMATS:
+        given = [flag for flag, v in (("--tokenizer", tokenizer), ("--encoding", encoding)) if v is not None]
+        if given:
+            raise OptionError(
+                f"{' and '.join(given)} go with --format sft, not --format {fmt}.",
+                hint=f"Token rows carry the sampled IDs already: drop {' and '.join(given)}, or pass --format sft.",
+            )
+    else:
+        given = [
+            flag
+            for flag, on in (("--strategy", strategy is not None), ("--include-failed", include_failed))
+            if on
+        ]
+        given += [
+            flag
+            for flag, on in (
+                ("--advantages", adv.enabled),
+                ("--scale-rewards", adv.scale is not None),
+                ("--keep-zero-variance", adv.keep_zero_variance),
+            )
+            if on
+        ]
+        if given:
+            raise OptionError(
+                f"{', '.join(given)} do not apply to --format sft (chat messages of complete calls).",
+                hint="Drop them, or export token rows with --format jsonl or --format parquet.",
+            )
+    if not adv.enabled and (adv.scale is not None or adv.keep_zero_variance):
+        flags = [
+            f
+            for f, on in (
+                ("--scale-rewards", adv.scale is not None),
+                ("--keep-zero-variance", adv.keep_zero_variance),
+            )
+            if on
+        ]
+        raise OptionError(
+            f"{' and '.join(flags)} go with --advantages grpo or rloo.",
+            hint="Add --advantages grpo (or rloo), or drop them.",
+        )
+    if adv.estimator == "rloo" and adv.scale is not None:
+        raise OptionError(
+            f"--scale-rewards {adv.scale} goes with --advantages grpo; rloo is r minus the mean of the others, unscaled.",
+            hint="Drop --scale-rewards, or pass --advantages grpo.",
+        )
+
+
+def resolve_episodes(store: Any, episodes: Sequence[str] | None) -> list[str] | None:
+    """Episode IDs for `--episode` values (IDs or unique prefixes); UsageError for one that matches none."""
+    if not episodes:
+        return None
+    from polarproxy.store.errors import StoreError
+
+    try:
+        return [store.get_episode(e).id for e in episodes]
+    except StoreError as e:
+        raise UsageError(str(e), hint="List episodes with `polarproxy ls`.") from e
+
+
+def _with_advantages(trajs: Iterable[Trajectory], report: AdvantageReport) -> Iterator[Trajectory]:
+    for traj in trajs:
+        value = report.advantages.get(traj.episode_id)
+        if value is None:
+            report.rows_dropped += 1
+            continue
+        traj.advantage = value
+        traj.metadata["advantage_group"] = report.groups[traj.episode_id]
+        yield traj
+
+
+def run_export(
+    store: Any,
+    out: str | os.PathLike[str],
+    *,
+    fmt: str = "jsonl",
+    strategy: str | None = None,
+    filters: ExportFilters | None = None,
+    advantages: AdvantageOptions | None = None,
+    episodes: Sequence[str] | None = None,
+    include_failed: bool = False,
+    tokenizer: str | os.PathLike[str] | None = None,
+    encoding: str | None = None,
+) -> dict[str, Any]:
+    """Export the store to `out` in `fmt`; return the summary `polarproxy export --json` prints.
+
+    `episodes` are IDs or unique prefixes (`--episode`), added to `filters`. Raises OptionError for options
+    that do not apply (exit 2), UsageError for values that name nothing, ValueError for a row that cannot be
+    written (the old `out` is then left as it was)."""
+    adv = advantages or AdvantageOptions()
+    check_options(
+        fmt,
+        strategy=strategy,
+        include_failed=include_failed,
+        tokenizer=tokenizer,
+        encoding=encoding,
+        advantages=adv,
+    )
+    filters = filters or ExportFilters()
+    ids = resolve_episodes(store, episodes)
+    if ids is not None:
+        from dataclasses import replace
+
+        filters = replace(filters, episode_ids=ids)
+    if fmt == "sft":
+        from polarproxy.export.sft import export_sft
+
+        sft = export_sft(store, out, filters=filters, tokenizer=tokenizer, encoding=encoding)
+        summary: dict[str, Any] = {"out": str(out), "format": "sft", **sft.summary()}
+        if tokenizer is not None or encoding is not None:
+            summary["retokenized"] = str(tokenizer or encoding)
+        if sft.skipped:
+            summary["skipped_reasons"] = sft.skipped[:20]
+        summary["filters"] = filters.describe()
+        return summary
+
+    from polarproxy.export.writers import get_writer
+    from polarproxy.reconstruct import get_strategy
+
+    strategy = strategy or DEFAULT_STRATEGY
+    try:
+        reconstruct = get_strategy(strategy)
+    except ValueError as e:
+        raise OptionError(str(e), hint="Use --strategy per-request or --strategy prefix-merge.") from None
+    write = get_writer(fmt)
+    query = filters.query()
+    chosen = {e.id: e for e in store.list_episodes(limit=None, where=query)}
+    report = compute_advantages(chosen.values(), adv) if adv.enabled else None
+    # prefix-merge reads most prompts only by length: rebuild their ID lists only when read
+    calls = filters.calls(store.iter_calls(where=query, lazy_prompts=strategy == "prefix-merge"))
+    trajs: Iterable[Trajectory] = reconstruct(calls, episodes=chosen, include_failed=include_failed)
+    if report is not None:
+        trajs = _with_advantages(trajs, report)
+    stats = write(trajs, out)
+    return {
+        "out": str(out),
+        "strategy": strategy,
+        "format": fmt,
+        **stats.summary(),
+        "episodes": len(chosen),
+        "filters": filters.describe(),
+        "advantages": None if report is None else report.summary(),
+    }
