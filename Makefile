@@ -21,7 +21,7 @@ PYTHON ?= $(shell for c in python3.14 python3.13 python3.12 \
 	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$c; break; fi; done)
 
-.PHONY: all install demo test test-fast test-vllm bench lint clean harnesses
+.PHONY: all install demo demo-rl test test-fast test-vllm bench lint clean harnesses
 
 all: test
 
@@ -58,6 +58,10 @@ harnesses: $(HARNESSES)/.installed $(AIDER_VENV)/.installed-$(AIDER_VERSION)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The RL loop closed on a CPU: toy task, GRPO groups, train, weight sync, reward curve (demo-rl-out/).
+demo-rl: $(STAMP)
+	$(PY) examples/rl_loop.py
+
 test: $(STAMP) harnesses
 	$(PY) -m pytest
 
@@ -93,10 +97,12 @@ bench: $(STAMP)
 	$(PY) bench/intercept_overhead.py --json bench/results/intercept-latest.json
 	$(PY) bench/store_write.py --json bench/results/store-latest.json
 	$(PY) bench/export_speed.py --json bench/results/export-latest.json
+	$(PY) bench/render_prefix.py --json bench/results/render-prefix-latest.json
+	$(PY) bench/train_step.py --json bench/results/train-step-latest.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check polarproxy tests examples bench addons
 	$(PY) -m ruff format --check polarproxy tests examples bench addons
 
 clean:
-	rm -rf $(VENV) .cache demo-out .pytest_cache
+	rm -rf $(VENV) .cache demo-out demo-rl-out .pytest_cache

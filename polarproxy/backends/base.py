@@ -43,7 +43,8 @@ class Generation:
     finish_reason: str | None = None  # 'stop' | 'length' | 'abort'
     matched_stop: int | str | None = None
     prompt_tokens: int | None = None
-    weight_version: str | None = None
+    weight_version: str | None = None  # what the latest chunk reported
+    weight_version_first: str | None = None  # what the first chunk that reported one said
     prompt_ids: list[int] | None = (
         None  # the prompt the server consumed, where it reports it (vLLM, chat mode)
     )

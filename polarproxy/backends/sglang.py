@@ -1,7 +1,9 @@
 """Client for SGLang's native `POST /generate` (SGLang 0.5; `polarproxy backend` speaks the same).
 
 Requests carry `input_ids` so the backend consumes exactly the prompt we rendered, with
-`return_logprob` and `skip_special_tokens: false`. Streamed chunks are cumulative by default (the full
+`return_logprob` and `skip_special_tokens: false`. Every chunk's `meta_info.weight_version` is read:
+a generation carries the first chunk's and the latest one's, which differ when the weights were
+updated while the call was sampled (a paused-in-place server swapped under it). Streamed chunks are cumulative by default (the full
 output so far); a server started with incremental streaming sends only new tokens, and both are read.
 """
 
@@ -85,12 +87,17 @@ class SGLangBackend:
             "stream": stream,
         }
         response = await post_json(self._http, self.url, "/generate", payload)
+        first: str | None = None  # the weight version of the first chunk that reports one
         try:
             if stream:
                 async for gen in self._read_stream(response):
+                    first = first or gen.weight_version
+                    gen.weight_version_first = first
                     yield gen
             else:
-                yield self._update(orjson.loads(await response.read()), [], [])
+                gen = self._update(orjson.loads(await response.read()), [], [])
+                gen.weight_version_first = gen.weight_version
+                yield gen
         except HTTPError as e:
             raise disconnected(self.url, e) from e
         finally:

@@ -13,6 +13,21 @@ this double. It reproduces what the real server does at the HTTP boundary, read 
   in `SamplingParams(**kwargs)`) is Starlette's bare `500 Internal Server Error`, and in a stream that
   has started it breaks the connection. `/health` and `/health_generate`, `/get_model_info` (and
   `/model_info`), `/get_server_info`, `/get_weight_version`, `/update_weight_version`.
+- Weight updates (`http_server.py`, `tokenizer_manager.py` / its pause controller, `io_struct.py`):
+  `POST /update_weights_from_disk` takes UpdateWeightFromDiskReqInput (`model_path` required; `load_format`,
+  `abort_all_requests` false, `weight_version`, `is_async`, `torch_empty_cache`, `keep_pause`,
+  `recapture_cuda_graph`, `token_step`, `flush_cache` true, `manifest`) and answers `{"success",
+  "message", "num_paused_requests"}`, 200 or 400; the message is "Succeeded to update model weights."
+  plus " Weight version updated to V." when one was given, and the version changes only on success.
+  Unless the server is paused it takes the model-update writer lock: it waits for the requests in
+  flight (each holds the reader lock for its whole generation) and new requests wait for it.
+  `abort_all_requests` aborts those in flight first. `POST /pause_generation` takes
+  PauseGenerationReqInput `{"mode": "abort" | "retract" | "in_place"}` (default "abort": abort every
+  request and return once none holds the lock; the others pause the scheduler, whose running requests
+  resume on continue) and answers `{"message": "Generation paused successfully.", "status": "ok"}`;
+  new requests wait while paused, and a paused server updates weights at once (no writer lock).
+  `POST /continue_generation` takes ContinueGenerationReqInput (`torch_empty_cache`) and answers
+  `{"message": "Generation continued successfully.", "status": "ok"}`. Both need a JSON object body.
 - `python/sglang/srt/managers/io_struct.py` (`GenerateReqInput`): exactly one of `text` / `input_ids`
   (else "Either text, input_ids or input_embeds should be provided."); unknown top-level keys are
   ignored; `return_logprob`, `logprob_start_len` (-1: output logprobs only), `return_text_in_logprobs`,
@@ -45,6 +60,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -117,8 +133,19 @@ class SGLangDouble:
     incremental_streaming_output: bool = False
     fault: Fault = field(default_factory=Fault)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    token_delay: float = 0.0  # seconds between sampled tokens (to interleave weight updates with streams)
+    # The "weights" a model_path holds: None loads it, a string is the reason it cannot be loaded.
+    # By default a folder with a config.json loads.
+    load_problem: Callable[[str], str | None] = lambda path: _default_load_problem(path)
+    admin: list[tuple[str, Any]] = field(default_factory=list)  # (path, body) of every admin POST
 
     def __post_init__(self) -> None:
+        self.paused = False
+        self.pause_mode = "abort"
+        self.in_flight = 0
+        self._updating = 0
+        self._abort_epoch = 0
+        self._cond = threading.Condition()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.double = self  # type: ignore[attr-defined]
@@ -142,6 +169,33 @@ class SGLangDouble:
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         return "".join(self.token_text(t) for t in ids if not (skip_special_tokens and t in self.special_ids))
+
+    # -- the model-update lock and the pause state (TokenizerManager) ------------------------------
+
+    def admit(self) -> int:
+        """Wait while paused or while a weight update holds the writer lock; returns the abort epoch."""
+        with self._cond:
+            while self.paused or self._updating:
+                self._cond.wait(0.02)
+            self.in_flight += 1
+            return self._abort_epoch
+
+    def release(self) -> None:
+        with self._cond:
+            self.in_flight -= 1
+            self._cond.notify_all()
+
+    def between_tokens(self, epoch: int) -> bool:
+        """Hold a running request while the scheduler is paused (in_place / retract); True once aborted."""
+        with self._cond:
+            while self.paused and self.pause_mode != "abort" and epoch == self._abort_epoch:
+                self._cond.wait(0.02)
+            return epoch != self._abort_epoch
+
+    def abort_all(self) -> None:
+        with self._cond:
+            self._abort_epoch += 1
+            self._cond.notify_all()
 
     def model_info(self) -> dict[str, Any]:
         return {
@@ -249,6 +303,12 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._body()
         if path == "/generate":
             self._generate(raw)
+        elif path == "/update_weights_from_disk":
+            self._update_weights_from_disk(raw)
+        elif path == "/pause_generation":
+            self._pause(raw)
+        elif path == "/continue_generation":
+            self._continue(raw)
         elif path == "/update_weight_version":
             try:
                 obj = orjson.loads(raw)
@@ -262,6 +322,91 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"detail": "Not Found"})
 
     do_PUT = do_POST
+
+    # -- weight updates -----------------------------------------------------------------------------
+
+    def _admin_body(self, path: str, raw: bytes) -> dict[str, Any] | None:
+        """The JSON object body FastAPI requires (else a 400 validation error, answered here)."""
+        try:
+            obj = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            obj = None
+        self.double.admin.append((path, obj))
+        if not isinstance(obj, dict):
+            self._validation_error("[{'type': 'missing', 'loc': ('body',), 'msg': 'Field required'}]")
+            return None
+        return obj
+
+    def _update_weights_from_disk(self, raw: bytes) -> None:
+        d = self.double
+        obj = self._admin_body("/update_weights_from_disk", raw)
+        if obj is None:
+            return
+        model_path = obj.get("model_path")
+        if not isinstance(model_path, str):
+            self._validation_error(
+                "[{'type': 'missing', 'loc': ('body', 'model_path'), 'msg': 'Field required'}]"
+            )
+            return
+        version = obj.get("weight_version")
+        if obj.get("abort_all_requests"):
+            d.abort_all()
+        with d._cond:
+            locked = not d.paused  # a paused engine is updated at once
+            if locked:
+                d._updating += 1
+                while d.in_flight:
+                    d._cond.wait(0.02)
+        try:
+            problem = d.load_problem(model_path)
+            if problem is None:
+                d.model_path = model_path
+                if version is not None:
+                    d.weight_version = str(version)
+        finally:
+            if locked:
+                with d._cond:
+                    d._updating -= 1
+                    d._cond.notify_all()
+        if problem is not None:
+            self._json(400, {"success": False, "message": problem, "num_paused_requests": 0})
+            return
+        message = "Succeeded to update model weights."
+        if version is not None:
+            message += f" Weight version updated to {version}."
+        self._json(200, {"success": True, "message": message, "num_paused_requests": 0})
+
+    def _pause(self, raw: bytes) -> None:
+        d = self.double
+        obj = self._admin_body("/pause_generation", raw)
+        if obj is None:
+            return
+        mode = obj.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            self._validation_error(
+                f"[{{'type': 'value_error', 'loc': ('body',), 'msg': \"Value error, Invalid mode: {mode!r}. "
+                "Expected one of ['abort', 'retract', 'in_place'].\"}]"
+            )
+            return
+        with d._cond:
+            d.paused, d.pause_mode = True, mode
+        if mode == "abort":  # abort, then poll the lock until no request holds it
+            while True:
+                d.abort_all()
+                with d._cond:
+                    if not d.in_flight:
+                        break
+                time.sleep(0.02)
+        self._json(200, {"message": "Generation paused successfully.", "status": "ok"})
+
+    def _continue(self, raw: bytes) -> None:
+        d = self.double
+        if self._admin_body("/continue_generation", raw) is None:
+            return
+        with d._cond:
+            d.paused = False
+            d._cond.notify_all()
+        self._json(200, {"message": "Generation continued successfully.", "status": "ok"})
 
     # -- /generate ----------------------------------------------------------------------------------
 
@@ -299,10 +444,14 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._internal_error()
             return
-        if stream:
-            self._stream(req)
-        else:
-            self._once(req)
+        req.epoch = d.admit()  # the model-update reader lock, held for the whole generation
+        try:
+            if stream:
+                self._stream(req)
+            else:
+                self._once(req)
+        finally:
+            d.release()
 
     def _once(self, req: _Req) -> None:
         d = self.double
@@ -370,6 +519,7 @@ class _Req:
     return_logprob: bool
     return_text_in_logprobs: bool
     started: float
+    epoch: int = 0
 
 
 @dataclass
@@ -479,6 +629,11 @@ def _run(d: SGLangDouble, req: _Req):  # -> Iterator[_Step]
         return
     ids: list[int] = []
     for i, tid in enumerate(d.outputs):
+        if i and d.token_delay:
+            time.sleep(d.token_delay)
+        if d.between_tokens(req.epoch):  # aborted by pause_generation or abort_all_requests
+            yield _Step(list(ids), {"type": "abort", "message": None, "status_code": None, "err_type": None})
+            return
         if fault.error_after is not None and i >= fault.error_after:
             yield _Step(list(ids), None, error=fault.error_message)
             return
@@ -506,6 +661,13 @@ def _run(d: SGLangDouble, req: _Req):  # -> Iterator[_Step]
         if finish is not None:
             return
     yield _Step(list(ids), {"type": "length", "length": len(ids)})  # the script ran out
+
+
+def _default_load_problem(path: str) -> str | None:
+    """SGLang reads the new folder's config first (ModelConfig): a folder without one fails there."""
+    if not (Path(path) / "config.json").is_file():
+        return f"Failed to load model config: {path} does not appear to have a file named config.json."
+    return None
 
 
 def _matched_str(d: SGLangDouble, ids: list[int], sp: dict[str, Any]) -> str | None:

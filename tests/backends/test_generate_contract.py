@@ -188,3 +188,65 @@ async def test_client_reads_both_alike(server, stream):
     assert last.finish_reason == "stop" and last.matched_stop == server.eos == last.output_ids[-1]
     assert len(last.logprobs) == len(last.output_ids) and last.weight_version == "v7"
     assert last.prompt_tokens == len(server.prompt)
+
+
+# -- weight updates -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["double", "local"])
+def fresh_server(request, random_model_dir) -> Iterator[str]:
+    """A server of each kind whose weights a test may change (the URL)."""
+    if request.param == "double":
+        with SGLangDouble(outputs=[40, 41, 7], eos_token_ids=frozenset({7}), weight_version="v7") as d:
+            yield d.url
+        return
+    from polarproxy.backends.local.model_runner import ModelRunner
+    from polarproxy.backends.local.server import LocalServer
+
+    with LocalServer(ModelRunner(random_model_dir), weight_version="v7") as srv:
+        yield srv.url
+
+
+def test_pause_and_continue_answer_alike(fresh_server):
+    paused = httpx.post(fresh_server + "/pause_generation", json={"mode": "in_place"}, timeout=10)
+    assert paused.status_code == 200
+    assert paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
+    resumed = httpx.post(fresh_server + "/continue_generation", json={}, timeout=10)
+    assert resumed.json() == {"message": "Generation continued successfully.", "status": "ok"}
+    assert (
+        httpx.post(fresh_server + "/pause_generation", json={"mode": "sometime"}, timeout=10).status_code
+        == 400
+    )
+
+
+def test_update_weights_from_disk_answers_alike(fresh_server, random_model_dir, tmp_path):
+    r = httpx.post(
+        fresh_server + "/update_weights_from_disk",
+        json={"model_path": str(random_model_dir), "weight_version": "v8", "flush_cache": True},
+        timeout=60,
+    )
+    assert r.status_code == 200
+    assert r.json() == {
+        "success": True,
+        "message": "Succeeded to update model weights. Weight version updated to v8.",
+        "num_paused_requests": 0,
+    }
+    info = httpx.get(fresh_server + "/get_model_info", timeout=10).json()
+    assert info["weight_version"] == "v8" and info["model_path"] == str(random_model_dir)
+    answer = httpx.post(
+        fresh_server + "/generate",
+        json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
+        timeout=60,
+    ).json()
+    assert answer["meta_info"]["weight_version"] == "v8"
+
+    missing = tmp_path / "step-404"
+    bad = httpx.post(
+        fresh_server + "/update_weights_from_disk",
+        json={"model_path": str(missing), "weight_version": "v9"},
+        timeout=60,
+    )
+    assert bad.status_code == 400
+    body = bad.json()
+    assert body["success"] is False and str(missing) in body["message"] and body["num_paused_requests"] == 0
+    assert httpx.get(fresh_server + "/get_weight_version", timeout=10).json() == {"weight_version": "v8"}

@@ -8,6 +8,8 @@ The agent is examples/tool_agent.py (OpenAI Chat Completions, streamed, three tu
 by `polarproxy record` against vLLM, with the same exactness checks as for the local backend: the prompt
 is the template's render (T1) and later calls extend earlier ones (T2) in token mode, vLLM reports
 consuming exactly those IDs, and every sampled logprob matches a teacher-forced forward pass of the model.
+Last, a weight sync (`polarproxy.train.sync`, vLLM's dev-mode `reload_weights`) makes vLLM sample a
+perturbed checkpoint, and its logprobs are then the checkpoint's.
 """
 
 from __future__ import annotations
@@ -57,7 +59,13 @@ def vllm_url(tiny_model_dir, tmp_path_factory) -> Iterator[str]:
         return
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_SERVER_DEV_MODE": "1",  # the weight-reload routes polarproxy's sync uses (docs/rl.md)
+        # polarproxy's worker extension (polarproxy/backends/vllm_worker.py) imports only vLLM
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    }
     started = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -76,6 +84,8 @@ def vllm_url(tiny_model_dir, tmp_path_factory) -> Iterator[str]:
                 str(port),
                 "--max-model-len",
                 "8192",
+                "--worker-extension-cls",
+                "polarproxy.backends.vllm_worker.PolarproxyWeightReload",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -202,3 +212,58 @@ def test_chat_mode_episode_is_server_rendered(vllm_url, tiny_model_dir, tmp_path
         assert _max_logprob_gap(runner, call) < TOLERANCE
     # vLLM rendered the first request with the same template polarproxy would have used
     assert calls[0].prompt_ids == renderer.render(Conversation.from_dict(calls[0].conversation)).ids
+
+
+def test_weight_sync_makes_vllm_sample_the_checkpoint(vllm_url, tiny_model_dir, tmp_path, runner):
+    """Last in the module: it swaps vLLM's weights (and puts the original ones back)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from polarproxy.train.sync import sync_weights
+
+    if httpx.get(vllm_url + "/weight_info", timeout=10).status_code == 404:
+        pytest.skip("this vLLM runs without VLLM_SERVER_DEV_MODE=1, so it cannot reload weights")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    step = tmp_path / "step-1"
+    model.save_pretrained(str(step))
+    (step / "polarproxy.json").write_text('{"weight_version": "step-1"}')
+    prompt = runner.encode("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n")
+
+    def sample() -> tuple[list[int], list[float]]:
+        model_name = httpx.get(vllm_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        body = {
+            "model": model_name,
+            "prompt": prompt,
+            "max_tokens": 16,
+            "temperature": 1.0,
+            "seed": 7,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        }
+        choice = httpx.post(vllm_url + "/v1/completions", json=body, timeout=120).json()["choices"][0]
+        return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+    try:
+        result = sync_weights(vllm_url, step, kind="vllm", timeout=300)
+        assert result.weight_version == "step-1"
+        assert httpx.get(vllm_url + "/weight_info", timeout=10).json() == {"weight_version": "step-1"}
+        ids, logprobs = sample()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0]
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(1, torch.tensor(ids)[:, None])[
+            :, 0
+        ]
+        gap = max(abs(a - b) for a, b in zip(logprobs, expected.tolist(), strict=True))
+        old_gap = max(abs(a - b) for a, b in zip(logprobs, runner.score(prompt, ids), strict=True))
+        print(
+            f"after sync: max |vLLM - checkpoint| = {gap:.2e}, vs the old weights {old_gap:.2e}",
+            file=sys.stderr,
+        )
+        assert gap < TOLERANCE < old_gap
+    finally:
+        sync_weights(vllm_url, tiny_model_dir, "default", kind="vllm", timeout=300)

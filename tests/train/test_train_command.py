@@ -1,0 +1,86 @@
+"""`polarproxy train`: a run end to end from a JSONL file, and its error messages (exit 1) and usage errors
+(exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from polarproxy.commands.train import train_command
+
+pytest.importorskip("torch")
+
+
+def _app() -> typer.Typer:
+    import polarproxy.cli as cli
+
+    if "train" in {c.name for c in cli.app.registered_commands}:
+        return cli.app
+    app = typer.Typer(pretty_exceptions_show_locals=False)
+    app.command("train")(train_command)
+    app.command("noop", hidden=True)(lambda: None)  # keep `train` a named subcommand
+    return app
+
+
+def _run(*args: str):
+    return CliRunner().invoke(_app(), ["train", *args])
+
+
+def test_train_from_a_jsonl_file_writes_a_checkpoint_and_metrics(
+    tmp_path: Path, random_model_dir: Path, scored_rows, jsonl
+) -> None:
+    data = jsonl(tmp_path / "rows.jsonl", scored_rows)
+    out = tmp_path / "run"
+    args = ["--data", str(data), "--model", str(random_model_dir), "--out", str(out)]
+    res = _run(*args, "--steps", "1", "--lr", "1e-4", "--device", "cpu", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout[res.stdout.index("{") :])
+    assert summary["weight_version"] == "1" and Path(summary["checkpoint"]) == out / "step-1"
+    assert (out / "step-1" / "polarproxy.json").is_file()
+    res = _run(*args, "--steps", "1", "--device", "cpu", "--resume", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout[res.stdout.index("{") :])["step"] == 2
+
+
+def test_missing_data_file_is_an_error(tmp_path: Path, random_model_dir: Path) -> None:
+    res = _run(
+        "--data", str(tmp_path / "nope.jsonl"), "--model", str(random_model_dir), "--out", str(tmp_path / "o")
+    )
+    assert res.exit_code == 1
+    assert "Error:" in res.output and "nope.jsonl" in res.output
+
+
+def test_rows_without_advantages_are_an_error_naming_the_export_flag(
+    tmp_path: Path, random_model_dir: Path, scored_rows, jsonl
+) -> None:
+    rows = [{k: v for k, v in r.items() if k != "advantage"} for r in scored_rows]
+    data = jsonl(tmp_path / "rows.jsonl", rows)
+    res = _run("--data", str(data), "--model", str(random_model_dir), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1
+    assert "Error:" in res.output and "--advantages grpo" in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_loss_aggregation_is_a_usage_error(tmp_path: Path, random_model_dir: Path, jsonl) -> None:
+    data = jsonl(tmp_path / "rows.jsonl", [])
+    res = _run(
+        "--data",
+        str(data),
+        "--model",
+        str(random_model_dir),
+        "--out",
+        str(tmp_path / "o"),
+        "--loss-agg",
+        "sum",
+    )
+    assert res.exit_code == 2
+    assert "Error:" in res.output and "'sum'" in res.output and "episode-token-mean" in res.output
+
+
+def test_missing_required_option_is_a_usage_error(tmp_path: Path) -> None:
+    res = _run("--out", str(tmp_path / "o"))
+    assert res.exit_code == 2
