@@ -1,0 +1,508 @@
+"""`serve`'s control API: episodes named by API keys, their rewards and ends, and the trajectory stream.
+
+Routes (JSON in and out; with a control token, each needs `Authorization: Bearer TOKEN`):
+
+    GET  /health                                   status, version, uptime, default episode (no token needed)
+    POST /polarproxy/v1/episodes                   {task, group, harness, metadata} -> {episode_id, api_key, base_urls}
+    GET  /polarproxy/v1/episodes?status=&task=&group=&limit=
+    POST /polarproxy/v1/episodes/{id}/finish       {exit_code, reward}
+    POST /polarproxy/v1/episodes/{id}/reward       {reward, call} (the addon stores it; the episode's own key also does)
+    GET  /polarproxy/v1/trajectories?strategy=per-request|prefix-merge&cursor=C&wait=S
+                                     [&groups=complete&advantages=grpo|rloo|none&limit=N]
+
+An episode created here gets a fresh random API key (store/keys.py keeps only its hash). A harness call
+carrying that key (`Authorization: Bearer`, `x-api-key`, `x-goog-api-key` or `?key=`, as each SDK sends it)
+belongs to that episode whatever header or path it carries. With a control token set, a call without a
+valid key, with the key of no episode or of a finished one is refused in its dialect's error shape (401,
+409) and nothing is written. Without one (loopback use), the `x-polarproxy-episode` header and `/e/ID/` path
+routes stay, but they too refuse a finished episode (409), one another live proxy records (403) and IDs
+that break the ID rule (400).
+
+The trajectory stream answers the export rows (schemas/export-row.v2.json, built by the export code) of
+the episodes finished here since the opaque cursor, in the order they were finished, long-polling up to
+`wait` seconds, so a puller that passes back each answer's cursor gets each trajectory once. With
+`groups=complete` only whole groups come (a group is complete when none of its episodes runs any more);
+a group comes with the answer that covers its last finish, with the advantages `export --advantages`
+computes (a group whose rewards are all equal is dropped, as the export drops it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import logging
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from polarproxy.store import keys
+from polarproxy.store.query import EpisodeQuery
+from polarproxy.store.records import EpisodeStart
+
+if TYPE_CHECKING:
+    from mitmproxy import http
+
+    from polarproxy.capture.store_writer import StoreWriter
+    from polarproxy.store.store import Store
+
+log = logging.getLogger("polarproxy.control")
+
+ID_RULE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # the one rule for episode IDs (the /e/ID/ path's)
+EPISODES_PATH = "/polarproxy/v1/episodes"
+TRAJECTORIES_PATH = "/polarproxy/v1/trajectories"
+HEALTH_PATH = "/health"
+_EPISODE_ACTION = re.compile(r"^/polarproxy/v1/episodes/([A-Za-z0-9_.:-]{1,128})/(finish|reward)/?$")
+STRATEGIES = ("per-request", "prefix-merge")
+ESTIMATORS = ("none", "grpo", "rloo")
+MAX_WAIT_S = 300.0
+POLL_S = 0.25  # how often a long poll looks for episodes finished by other proxies on the same database
+DEFAULT_LIMIT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A harness call that is not served: the status and message its dialect's error shape carries."""
+
+    status: int
+    message: str
+    code: str
+
+
+def request_key(req: http.Request) -> str | None:
+    """The API key a harness call carries, as its SDK sends it (OpenAI `Authorization: Bearer`, Anthropic
+    `x-api-key`, Gemini `x-goog-api-key` or `?key=`)."""
+    auth = req.headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    for header in ("x-api-key", "x-goog-api-key", "api-key"):
+        if req.headers.get(header):
+            return req.headers[header].strip()
+    key = req.query.get("key") if "?" in req.path else None
+    return key or None
+
+
+def encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"f{seq}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int:
+    """The finish `seq` a cursor stands for (0: from the start); ValueError for a cursor this API did not give."""
+    if not cursor:
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not raw.startswith("f"):
+            raise ValueError
+        seq = int(raw[1:])
+        if seq < 0:
+            raise ValueError
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ValueError(
+            f"Unknown cursor {cursor!r}: pass back the 'cursor' of the previous answer, or none to start "
+            "from the first finished episode."
+        ) from None
+    return seq
+
+
+class Control:
+    """The control API and the episode routing of one `serve` proxy."""
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        *,
+        token: str | None = None,
+        default_episode: str | None = None,
+        url: str = "",
+    ) -> None:
+        self.writer = writer
+        self.token = token or None
+        self.default_episode = default_episode
+        self.url = url
+        self.started = time.time()
+        self._finished = asyncio.Event()  # set (and replaced) whenever an episode is finished here
+
+    @property
+    def store(self) -> Store:
+        return self.writer.store
+
+    # ---- harness calls ---------------------------------------------------------------------------------
+
+    async def episode_for(
+        self, req: http.Request, named: str | None, from_path: bool
+    ) -> str | Refusal | None:
+        """The episode a harness call belongs to (None: the default episode), or why it is refused.
+        `named` is the episode its header or `/e/ID/` path names (`from_path`: the path)."""
+        key = request_key(req)
+        if key is not None and (self.token or key.startswith(keys.KEY_PREFIX)):
+            found = await asyncio.to_thread(keys.lookup, self.store, key)
+            if found is not None:
+                if found.finished:
+                    return Refusal(
+                        409,
+                        f"Episode {found.episode_id} is finished ({found.status}); its API key takes no more "
+                        "calls. Create a new episode with POST /polarproxy/v1/episodes.",
+                        "episode_finished",
+                    )
+                return found.episode_id
+        if self.token or (key is not None and key.startswith(keys.KEY_PREFIX)):
+            what = "carries no API key" if key is None else "carries an API key that names no episode"
+            return Refusal(
+                401,
+                f"This call {what}. Send the api_key that POST /polarproxy/v1/episodes answered, as the SDK's "
+                "API key (Authorization: Bearer, x-api-key or x-goog-api-key).",
+                "invalid_api_key",
+            )
+        if named is None:
+            return None
+        if not from_path and not ID_RULE.match(named):
+            shown = named if len(named) <= 40 else named[:40] + "..."
+            return Refusal(
+                400,
+                f"Invalid episode ID {shown!r} in the x-polarproxy-episode header: use 1-128 characters of "
+                "A-Z a-z 0-9 _ . : -.",
+                "invalid_episode",
+            )
+        state = await asyncio.to_thread(keys.episode_state, self.store, named)
+        if state is None:
+            return named  # a new episode the harness names
+        status, writer_id = state
+        if status != "running":
+            return Refusal(
+                409, f"Episode {named} is finished ({status}); it takes no more calls.", "episode_finished"
+            )
+        if writer_id not in (None, self.writer.identity.id) and await asyncio.to_thread(
+            keys.writer_alive, self.store, writer_id
+        ):
+            return Refusal(
+                403,
+                f"Episode {named} is recorded by another running proxy; send its calls there.",
+                "episode_owned",
+            )
+        return named
+
+    # ---- control routes --------------------------------------------------------------------------------
+
+    async def answer(self, flow: http.HTTPFlow) -> bool:
+        """Answer a control route (True), or let the addon answer it (False: the reward route, authorized)."""
+        req = flow.request
+        bare = req.path.partition("?")[0].rstrip("/") or "/"
+        if bare == HEALTH_PATH:
+            return self._health(flow, req.method)
+        action = _EPISODE_ACTION.match(bare)
+        if not await self._authorized(
+            req, action.group(1) if action and action.group(2) == "reward" else None
+        ):
+            _json(
+                flow,
+                401,
+                {
+                    "error": "The control API needs the control token: send Authorization: Bearer TOKEN "
+                    "(serve --control-token / POLARPROXY_CONTROL_TOKEN)."
+                },
+            )
+            return True
+        try:
+            if bare == EPISODES_PATH:
+                if req.method == "POST":
+                    await self._create(flow)
+                elif req.method == "GET":
+                    await self._list(flow)
+                else:
+                    _method(flow, bare, "GET or POST", req.method)
+                return True
+            if bare == TRAJECTORIES_PATH:
+                if req.method != "GET":
+                    _method(flow, bare, "GET", req.method)
+                else:
+                    await self._trajectories(flow)
+                return True
+            if action is not None and action.group(2) == "finish":
+                if req.method != "POST":
+                    _method(flow, bare, "POST", req.method)
+                else:
+                    await self._finish(flow, action.group(1))
+                return True
+        except BadRequest as e:
+            _json(flow, 400, {"error": str(e)})
+            return True
+        return False  # the reward route, or an unknown one: the addon answers
+
+    async def _authorized(self, req: http.Request, reward_episode: str | None) -> bool:
+        if self.token is None:
+            return True
+        auth = req.headers.get("authorization", "")
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode()):
+            return True
+        if reward_episode is not None:  # the episode's own key may set its reward
+            key = request_key(req)
+            if key is not None:
+                found = await asyncio.to_thread(keys.lookup, self.store, key)
+                return found is not None and found.episode_id == reward_episode
+        return False
+
+    def _health(self, flow: http.HTTPFlow, method: str) -> bool:
+        from polarproxy import __version__
+
+        if method not in ("GET", "HEAD"):
+            _method(flow, HEALTH_PATH, "GET", method)
+            return True
+        _json(
+            flow,
+            200,
+            {
+                "status": "ok",
+                "version": __version__,
+                "uptime_s": round(time.time() - self.started, 3),
+                "default_episode": self.default_episode,
+                "control_token": self.token is not None,
+            },
+        )
+        return True
+
+    async def _create(self, flow: http.HTTPFlow) -> None:
+        body = _body(flow, {"task", "group", "harness", "metadata"})
+        for name in ("task", "group", "harness"):
+            if body.get(name) is not None and not isinstance(body[name], str):
+                raise BadRequest(f"'{name}' must be a string, got {body[name]!r}.")
+        metadata = body.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise BadRequest(f"'metadata' must be a JSON object, got {metadata!r}.")
+        episode_id = await self.writer.create_episode(
+            EpisodeStart(
+                command=["serve"],
+                harness=body.get("harness"),
+                task=body.get("task"),
+                group_id=body.get("group"),
+                metadata=metadata,
+            )
+        )
+        key = keys.new_key()
+        try:
+            await asyncio.to_thread(keys.add_key, self.store, episode_id, key)
+        except Exception as e:  # the database is down: an episode without a key would take no calls
+            await self.writer.finish_episode(episode_id, status="failed", exit_code=None)
+            _json(flow, 503, {"error": f"The episode's key was not stored: {e}"})
+            return
+        _json(
+            flow,
+            201,
+            {
+                "episode_id": episode_id,
+                "api_key": key,
+                "base_urls": {"openai": f"{self.url}/v1", "anthropic": self.url, "gemini": self.url},
+            },
+        )
+
+    async def _list(self, flow: http.HTTPFlow) -> None:
+        q = flow.request.query
+        unknown = sorted(set(q.keys()) - {"status", "task", "group", "limit"})
+        if unknown:
+            raise BadRequest(f"Unknown parameters {unknown}; allowed: status, task, group, limit.")
+        try:
+            where = EpisodeQuery(task=q.get("task"), group_id=q.get("group"), status=q.get("status"))
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        limit = _int_param(q.get("limit"), "limit", default=DEFAULT_LIMIT)
+        episodes = await asyncio.to_thread(self.store.list_episodes, limit, where=where)
+        _json(flow, 200, {"episodes": [asdict(e) for e in episodes]})
+
+    async def _finish(self, flow: http.HTTPFlow, episode_id: str) -> None:
+        body = _body(flow, {"exit_code", "reward"})
+        exit_code, reward = body.get("exit_code"), body.get("reward")
+        if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
+            raise BadRequest(f"'exit_code' must be an integer, got {exit_code!r}.")
+        if reward is not None and (
+            isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
+        ):
+            raise BadRequest(f"'reward' must be a finite number, got {reward!r}.")
+        state = await asyncio.to_thread(keys.episode_state, self.store, episode_id)
+        if state is None:
+            _json(flow, 404, {"error": f"No episode {episode_id!r}. GET /polarproxy/v1/episodes lists them."})
+            return
+        if state[0] != "running":
+            _json(flow, 409, {"error": f"Episode {episode_id} is finished already ({state[0]})."})
+            return
+        from polarproxy.store.records import RewardOrigin
+
+        try:
+            if reward is not None:
+                await self.writer.set_rewards(
+                    episode_id, episode=float(reward), origin=RewardOrigin(source="http", note="finish")
+                )
+            status = "ok" if exit_code in (None, 0) else "failed"
+            await self.writer.finish_episode(episode_id, status=status, exit_code=exit_code)
+            seq = await asyncio.to_thread(keys.record_finish, self.store, episode_id)
+        except Exception as e:
+            _json(flow, 503, {"error": f"The episode's end was not stored: {e}"})
+            return
+        self._finished.set()
+        self._finished = asyncio.Event()
+        _json(
+            flow,
+            200,
+            {
+                "episode_id": episode_id,
+                "status": status,
+                "exit_code": exit_code,
+                "reward": reward,
+                "seq": seq,
+            },
+        )
+
+    async def _trajectories(self, flow: http.HTTPFlow) -> None:
+        q = flow.request.query
+        allowed = {"strategy", "cursor", "wait", "groups", "advantages", "limit"}
+        unknown = sorted(set(q.keys()) - allowed)
+        if unknown:
+            raise BadRequest(f"Unknown parameters {unknown}; allowed: {', '.join(sorted(allowed))}.")
+        strategy = q.get("strategy") or "per-request"
+        if strategy not in STRATEGIES:
+            raise BadRequest(
+                f"Unknown strategy {strategy!r}. Must be one of {', '.join(map(repr, STRATEGIES))}."
+            )
+        groups = q.get("groups") or "any"
+        if groups not in ("any", "complete"):
+            raise BadRequest(f"Unknown groups {groups!r}. Must be 'complete' (whole groups only) or 'any'.")
+        estimator = q.get("advantages") or "none"
+        if estimator not in ESTIMATORS:
+            raise BadRequest(
+                f"Unknown advantages {estimator!r}. Must be one of {', '.join(map(repr, ESTIMATORS))}."
+            )
+        if estimator != "none" and groups != "complete":
+            raise BadRequest(f"advantages={estimator} needs whole groups: add groups=complete.")
+        try:
+            after = decode_cursor(q.get("cursor"))
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        wait = _float_param(q.get("wait"), "wait", default=0.0)
+        limit = _int_param(q.get("limit"), "limit", default=DEFAULT_LIMIT)
+        deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
+        while True:
+            event = self._finished
+            rows, after = await asyncio.to_thread(
+                collect, self.store, after, strategy=strategy, whole_groups=groups == "complete",
+                estimator=estimator, limit=limit,
+            )  # fmt: skip
+            left = deadline - time.monotonic()
+            if rows or left <= 0:
+                break
+            try:
+                await asyncio.wait_for(event.wait(), timeout=min(left, POLL_S))
+            except TimeoutError:
+                pass
+        flow.response = _response(200, orjson.dumps({"trajectories": rows, "cursor": encode_cursor(after)}))
+
+
+class BadRequest(ValueError):
+    """A control request with a bad body or parameter (400)."""
+
+
+def collect(
+    store: Store, after: int, *, strategy: str, whole_groups: bool, estimator: str, limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """The export rows of the episodes finished after finish `seq` `after` (up to `limit` finishes), and the
+    new cursor `seq`. With `whole_groups`, a group's rows come with its last finish, once it is complete."""
+    finishes = keys.finishes_after(store, after, limit=limit)
+    if not finishes:
+        return [], after
+    cursor = finishes[-1][0]
+    if not whole_groups:
+        eps = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[e for _, e in finishes]))
+        order = {eid: i for i, (_, eid) in enumerate(finishes)}
+        return _rows(store, sorted(eps, key=lambda e: order[e.id]), strategy, "none"), cursor
+    rows: list[dict[str, Any]] = []
+    for seq, eid in finishes:
+        (ep,) = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[eid]))
+        members = (
+            [ep]
+            if ep.group_id is None
+            else store.list_episodes(limit=None, where=EpisodeQuery(group_id=ep.group_id))
+        )
+        if any(m.status == "running" for m in members):
+            continue  # comes with the finish that completes it
+        if keys.last_finish(store, [m.id for m in members]) != seq:
+            continue  # came (or comes) with its last finish
+        rows += _rows(store, sorted(members, key=lambda e: e.id), strategy, estimator)
+    return rows, cursor
+
+
+def _rows(store: Store, episodes: Sequence[Any], strategy: str, estimator: str) -> list[dict[str, Any]]:
+    """Export rows of these episodes, built as `polarproxy export` builds them."""
+    from polarproxy.export.advantages import AdvantageOptions, compute_advantages
+    from polarproxy.export.rows import trajectory_to_row
+    from polarproxy.export.run import _with_advantages
+    from polarproxy.reconstruct import get_strategy
+
+    if not episodes:
+        return []
+    chosen = {e.id: e for e in episodes}
+    trajs: Any = get_strategy(strategy)(
+        store.iter_calls(list(chosen), lazy_prompts=strategy == "prefix-merge"), episodes=chosen
+    )
+    if estimator != "none":
+        trajs = _with_advantages(trajs, compute_advantages(chosen.values(), AdvantageOptions(estimator)))
+    return [trajectory_to_row(t) for t in trajs]
+
+
+def _response(status: int, body: bytes) -> http.Response:
+    from mitmproxy import http
+
+    from polarproxy.capture.gateway import JSON_HEADERS
+
+    return http.Response.make(status, body, JSON_HEADERS)
+
+
+def _json(flow: http.HTTPFlow, status: int, body: dict[str, Any]) -> None:
+    flow.response = _response(status, orjson.dumps(body))
+
+
+def _method(flow: http.HTTPFlow, path: str, allowed: str, got: str) -> None:
+    _json(flow, 405, {"error": f"{path} takes {allowed}, not {got}."})
+
+
+def _body(flow: http.HTTPFlow, allowed: set[str]) -> dict[str, Any]:
+    content = flow.request.content or b"{}"
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"The body is not valid JSON: {e}.") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"The body must be a JSON object, not {type(body).__name__}.")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"Unknown keys {unknown}; allowed: {', '.join(map(repr, sorted(allowed)))}.")
+    return body
+
+
+def _int_param(value: str | None, name: str, *, default: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise BadRequest(f"'{name}' must be a positive integer, got {value!r}.") from None
+    if n < 1:
+        raise BadRequest(f"'{name}' must be a positive integer, got {value!r}.")
+    return n
+
+
+def _float_param(value: str | None, name: str, *, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        x = float(value)
+    except ValueError:
+        raise BadRequest(f"'{name}' must be a number of seconds, got {value!r}.") from None
+    if not math.isfinite(x) or x < 0:
+        raise BadRequest(f"'{name}' must be a number of seconds, got {value!r}.")
+    return x

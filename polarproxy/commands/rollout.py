@@ -1,0 +1,313 @@
+"""`polarproxy rollout TASKS`: G samples of every task as sandboxed, recorded, verified episodes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from polarproxy.commands.proxy_options import (
+    BackendKindOpt,
+    BackendMode,
+    BackendModeOpt,
+    BackendOpt,
+    MaxTokensOpt,
+    proxy_config,
+)
+from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json, usage_fail
+
+
+class Isolation(StrEnum):
+    none = "none"
+    bwrap = "bwrap"
+    docker = "docker"
+    apptainer = "apptainer"
+
+
+class RewardFrom(StrEnum):
+    exit = "exit"
+    stdout = "stdout"
+
+
+def rollout(
+    tasks: Annotated[Path, typer.Argument(help="The TASKS file (JSONL; schemas/rollout-task.v1.json).")],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="The agent command, after -- (instead of --harness); the instruction is on its stdin."
+        ),
+    ] = None,
+    harness: Annotated[
+        str | None, typer.Option(help="Harness preset whose headless `command` runs each episode.")
+    ] = None,
+    api: Annotated[str | None, typer.Option(help="Wire format, for presets that speak several.")] = None,
+    model_name: Annotated[
+        str | None,
+        typer.Option(help="Model name the preset tells the harness to use (default: the model folder's)."),
+    ] = None,
+    samples: Annotated[
+        int, typer.Option("--samples", "-G", help="Samples (episodes) per task: one group.")
+    ] = 1,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-n", help="Harnesses running at once.")] = 4,
+    min_samples: Annotated[
+        int | None,
+        typer.Option(help="Accept a group once K samples are evaluated; the rest are stopped (aborted)."),
+    ] = None,
+    backend: BackendOpt = None,
+    backend_kind: BackendKindOpt = None,
+    backend_mode: BackendModeOpt = BackendMode.tokens,
+    model: ModelOpt = None,
+    db: DbOpt = None,
+    max_tokens: MaxTokensOpt = 4096,
+    serve: Annotated[
+        str | None,
+        typer.Option("--serve", help="A running `polarproxy serve` (its URL) instead of --backend."),
+    ] = None,
+    control_token: Annotated[
+        str | None,
+        typer.Option(envvar="POLARPROXY_CONTROL_TOKEN", help="The control token of --serve (never printed)."),
+    ] = None,
+    isolation: Annotated[
+        Isolation | None,
+        typer.Option(help="Sandbox of each harness (default: bwrap where it works, else none)."),
+    ] = None,
+    image: Annotated[
+        str | None, typer.Option(help="Container image, for --isolation docker|apptainer.")
+    ] = None,
+    reward_from: Annotated[
+        RewardFrom,
+        typer.Option(help="exit: verify's exit 0 is reward 1.0; stdout: its last line (a number or JSON)."),
+    ] = RewardFrom.exit,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds a harness may run (a task's timeout_s overrides).")
+    ] = 1800.0,
+    setup_timeout: Annotated[float, typer.Option(help="Seconds each setup command may run.")] = 600.0,
+    verify_timeout: Annotated[float, typer.Option(help="Seconds the verify command may run.")] = 600.0,
+    rollout_id: Annotated[
+        str | None, typer.Option(help="Name of this rollout, stored with its episodes (default: a new one).")
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Run only the (task, sample) pairs of --rollout-id not yet finished."),
+    ] = False,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Keep each episode's folder (workspace, HOME, logs) here.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Run every task of TASKS G times through the gateway: prewarm, execute (sandboxed), evaluate, reconstruct."""
+    from polarproxy.errors import PolarproxyError
+    from polarproxy.rollout.tasks import load_tasks
+
+    if (command is None) == (harness is None):
+        usage_fail(
+            "Give either --harness NAME or an agent command after --.",
+            "e.g. polarproxy rollout tasks.jsonl -- python agent.py",
+        )
+    if samples < 1 or concurrency < 1:
+        usage_fail(f"--samples {samples} and --concurrency {concurrency} must be at least 1.")
+    if min_samples is not None and not 1 <= min_samples <= samples:
+        usage_fail(f"--min-samples {min_samples} must be between 1 and --samples ({samples}).")
+    if resume and rollout_id is None:
+        usage_fail(
+            "--resume needs the --rollout-id of the rollout to resume.",
+            "It is printed when a rollout starts.",
+        )
+    if serve is not None and (backend or model or db):
+        usage_fail(
+            "--serve and --backend/--model/--db exclude each other.", "The running gateway has its own."
+        )
+    if serve is not None and not control_token:
+        usage_fail("--serve needs --control-token (or POLARPROXY_CONTROL_TOKEN).")
+    if isolation in (Isolation.docker, Isolation.apptainer) and not image:
+        usage_fail(f"--isolation {isolation.value} needs --image.")
+    try:
+        task_list = load_tasks(tasks)
+        preset = _preset(harness)
+        chosen_api = preset.choose_api(api) if preset is not None else None
+        from polarproxy.rollout.sandbox import get_runner
+
+        runner = get_runner(isolation.value if isolation is not None else None)
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+    cfg = None
+    if serve is None:
+        cfg = proxy_config(
+            backend,
+            model,
+            db,
+            0,
+            max_tokens,
+            backend_kind=backend_kind,
+            backend_mode=backend_mode,
+            harness=harness,
+        )
+    try:
+        summary, ok = run_rollout(
+            task_list,
+            cfg=cfg,
+            serve=serve,
+            control_token=control_token,
+            runner=runner,
+            command=list(command) if command else None,
+            preset=preset,
+            api=chosen_api,
+            model_name=model_name or (cfg.model.name if cfg is not None else "default"),
+            samples=samples,
+            concurrency=concurrency,
+            min_samples=min_samples,
+            rollout_id=rollout_id,
+            resume=resume,
+            workdir=workdir,
+            image=image,
+            reward_from=reward_from.value,
+            timeouts=(setup_timeout, timeout, verify_timeout),
+            db=db,
+            progress=not json_out and sys.stderr.isatty(),
+        )
+    except PolarproxyError as e:
+        fail(e.message, e.hint)
+    if json_out:
+        print_json(summary)
+    else:
+        _print_summary(summary)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _preset(harness: str | None) -> Any:
+    if harness is None:
+        return None
+    from polarproxy.capture.presets import get_preset
+
+    return get_preset(harness)
+
+
+def run_rollout(
+    task_list: list[Any],
+    *,
+    cfg: Any,
+    serve: str | None,
+    control_token: str | None,
+    runner: Any,
+    command: list[str] | None,
+    preset: Any,
+    api: str | None,
+    model_name: str,
+    samples: int,
+    concurrency: int,
+    min_samples: int | None,
+    rollout_id: str | None,
+    resume: bool,
+    workdir: Path | None,
+    image: str | None,
+    reward_from: str,
+    timeouts: tuple[float, float, float],
+    db: str | None,
+    progress: bool,
+) -> tuple[dict[str, Any], bool]:
+    """Start (or reach) the gateway, run the plan, return (summary, whether every episode finished)."""
+    import tempfile
+
+    from polarproxy.rollout.gateway import ControlEpisodes, LocalGateway
+    from polarproxy.rollout.run import Plan, Rollout, new_rollout_id, start_relay, summary
+    from polarproxy.rollout.stages import Settings
+
+    rid = rollout_id or new_rollout_id()
+    typer.echo(
+        f"polarproxy: rollout {rid}: {len(task_list)} tasks x {samples} samples, isolation {runner.name}",
+        err=True,
+    )
+    if cfg is not None:
+        cfg.metadata["rollout_id"] = rid
+        episodes: Any = LocalGateway(cfg)
+    else:
+        assert serve is not None and control_token is not None
+        episodes = ControlEpisodes(serve, control_token)
+        try:
+            episodes.check()
+        except BaseException:
+            episodes.close()
+            raise
+    hidden = [t.tests for t in task_list if t.tests is not None]
+    if db and "://" not in db:  # the store file and its WAL: not the harness's to read
+        hidden += [Path(db + suffix).resolve() for suffix in ("", "-wal", "-shm")]
+    if workdir is not None:
+        hidden.append(workdir.resolve())
+    settings = Settings(
+        rollout_id=rid,
+        episodes=episodes,
+        runner=runner,
+        command=command,
+        preset=preset,
+        api=api,
+        model_name=model_name,
+        harness=preset.name if preset is not None else None,
+        hidden=hidden,
+        image=image,
+        reward_from=reward_from,
+        setup_timeout_s=timeouts[0],
+        execute_timeout_s=timeouts[1],
+        verify_timeout_s=timeouts[2],
+        keep=workdir is not None,
+    )
+    relay_dir = Path(tempfile.mkdtemp(prefix="polarproxy-bridge-"))
+    relay = start_relay(settings, relay_dir)
+    plan = Plan(task_list, samples, concurrency, min_samples=min_samples, resume=resume, scratch=workdir)
+    display = _Display(len(task_list) * samples) if progress else None
+    t0 = time.monotonic()
+    try:
+        jobs = Rollout(plan, settings, on_progress=display.advance if display else None).run()
+    finally:
+        if display is not None:
+            display.close()
+        if relay is not None:
+            relay.close()
+        import shutil
+
+        shutil.rmtree(relay_dir, ignore_errors=True)
+        episodes.close()
+    result = summary(jobs, settings, wall_s=time.monotonic() - t0)
+    return result, all(j.state != "failed" for j in jobs)
+
+
+class _Display:
+    """A rich progress bar per stage, on stderr."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from polarproxy.rollout.stages import STAGES
+
+        self.progress = Progress(
+            TextColumn("{task.description:>12}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self.ids = {st: self.progress.add_task(st, total=total) for st in STAGES}
+        self.progress.start()
+
+    def advance(self, stage: str, job: Any) -> None:
+        self.progress.advance(self.ids[stage])
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    states = ", ".join(f"{n} {k}" for k, n in sorted(s["states"].items()))
+    typer.echo(
+        f"polarproxy: rollout {s['rollout_id']}: {states} in {s['wall_s']:.1f} s; store {s['db']}", err=True
+    )
+    for task, t in s["tasks"].items():
+        mean = "-" if t["mean_reward"] is None else f"{t['mean_reward']:.3f}"
+        typer.echo(f"  {task}: mean reward {mean} over {len(t['rewards'])} ({t['states']})", err=True)
+    for e in s["episodes"]:
+        if e["state"] == "failed":
+            typer.echo(f"  failed {e['task']}#{e['sample']}: {e['reason']}", err=True)

@@ -1,0 +1,205 @@
+"""`serve`'s control API and its episode routing, over real HTTP on loopback: episodes named by API keys,
+refusals in each dialect's error shape that write nothing, and (without a control token) the header and
+path routes refusing finished, foreign and malformed episodes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from serving import ServeThread, Stub
+
+from polarproxy.capture.store_writer import StoreWriter
+from polarproxy.store import keys, maintenance
+from polarproxy.store.records import EpisodeStart
+from polarproxy.store.store import Store
+
+TOKEN = "test-control-token-5d1e"
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+MESSAGES = {"model": "tiny", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
+GEMINI = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+
+@pytest.fixture
+def stub(tiny_model_dir):
+    s = Stub(tiny_model_dir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def serving(stub, tiny_model_dir, tmp_path):
+    started: list[ServeThread] = []
+
+    def start(token: str | None = None, db: str = "s.db") -> ServeThread:
+        s = ServeThread(stub.url, tiny_model_dir, tmp_path / db, token=token)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def counts(db) -> tuple[int, int]:
+    """(episodes, calls) in the store."""
+    with Store.open(db) as store:
+        eps = store.list_episodes(limit=None)
+        return len(eps), sum(e.calls for e in eps)
+
+
+def test_with_a_control_token_calls_need_a_live_episodes_key_and_refusals_write_nothing(serving, tmp_path):
+    s = serving(token=TOKEN)
+    db = tmp_path / "s.db"
+    ctl = {"authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=s.url, timeout=30) as h:
+        health = h.get("/health")  # no token needed
+        assert health.status_code == 200
+        assert health.json()["status"] == "ok" and health.json()["default_episode"] == s.default_episode
+        assert h.post("/polarproxy/v1/episodes", json={}).status_code == 401  # no token
+        wrong = {"authorization": "Bearer not-the-token"}
+        assert h.post("/polarproxy/v1/episodes", json={}, headers=wrong).status_code == 401
+        assert h.get("/polarproxy/v1/episodes", headers=wrong).status_code == 401
+        assert h.get("/polarproxy/v1/trajectories").status_code == 401
+        before = counts(db)
+
+        no_key = h.post("/v1/chat/completions", json=CHAT)
+        assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
+        made_up = h.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer ppk_madeup"})
+        assert made_up.status_code == 401
+        placeholder = h.post("/v1/messages", json=MESSAGES, headers={"x-api-key": "sk-polarproxy-local"})
+        assert placeholder.status_code == 401 and placeholder.json()["type"] == "error"  # Anthropic's shape
+        # the header naming an episode does not stand in for a key
+        header_only = h.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-polarproxy-episode": s.default_episode}
+        )
+        assert header_only.status_code == 401
+        assert counts(db) == before
+
+        created = h.post(
+            "/polarproxy/v1/episodes",
+            json={"task": "t1", "group": "g1", "harness": "test", "metadata": {"seed": "3"}},
+            headers=ctl,
+        )
+        assert created.status_code == 201
+        ep = created.json()
+        key, eid = ep["api_key"], ep["episode_id"]
+        assert key != eid and eid not in key
+        assert ep["base_urls"] == {"openai": f"{s.url}/v1", "anthropic": s.url, "gemini": s.url}
+
+        # each SDK's way of sending its key; a header naming another episode does not move the call
+        ok = [
+            h.post(
+                "/v1/chat/completions",
+                json=CHAT,
+                headers={"authorization": f"Bearer {key}", "x-polarproxy-episode": s.default_episode},
+            ),
+            h.post("/v1/messages", json=MESSAGES, headers={"x-api-key": key}),
+            h.post("/v1beta/models/tiny:generateContent", json=GEMINI, headers={"x-goog-api-key": key}),
+            h.post(f"/v1beta/models/tiny:generateContent?key={key}", json=GEMINI),
+        ]
+        assert [r.status_code for r in ok] == [200, 200, 200, 200], [r.text for r in ok]
+
+        listed = h.get("/polarproxy/v1/episodes", params={"task": "t1", "status": "running"}, headers=ctl)
+        assert [e["id"] for e in listed.json()["episodes"]] == [eid]
+        assert listed.json()["episodes"][0]["calls"] == 4
+
+        # its own key sets its reward; another's does not
+        assert (
+            h.post(
+                f"/polarproxy/v1/episodes/{eid}/reward",
+                json={"reward": 0.5},
+                headers={"authorization": f"Bearer {key}"},
+            ).status_code
+            == 200
+        )
+        other = h.post("/polarproxy/v1/episodes", json={}, headers=ctl).json()
+        foreign = {"authorization": f"Bearer {other['api_key']}"}
+        assert (
+            h.post(f"/polarproxy/v1/episodes/{eid}/reward", json={"reward": 1.0}, headers=foreign).status_code
+            == 401
+        )
+
+        fin = h.post(
+            f"/polarproxy/v1/episodes/{eid}/finish", json={"exit_code": 0, "reward": 1.0}, headers=ctl
+        )
+        assert fin.status_code == 200 and fin.json()["status"] == "ok"
+        again = h.post(f"/polarproxy/v1/episodes/{eid}/finish", json={"exit_code": 0}, headers=ctl)
+        assert again.status_code == 409
+        before = counts(db)
+        late = h.post("/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {key}"})
+        assert late.status_code == 409 and late.json()["error"]["code"] == "episode_finished"
+        late_anthropic = h.post("/v1/messages", json=MESSAGES, headers={"x-api-key": key})
+        assert late_anthropic.status_code == 409 and late_anthropic.json()["type"] == "error"
+        assert counts(db) == before
+
+    with Store.open(db) as store:
+        episode = store.get_episode(eid)
+        assert (episode.status, episode.reward, episode.task, episode.group_id) == ("ok", 1.0, "t1", "g1")
+        assert [c.dialect for c in store.list_calls(eid)] == ["openai_chat", "anthropic", "gemini", "gemini"]
+        assert store.list_calls(s.default_episode) == []
+    stored = b"".join(f.read_bytes() for f in tmp_path.glob("s.db*"))  # the database and its WAL
+    assert eid.encode() in stored
+    assert key.encode() not in stored  # only its hash is stored (T5)
+    with Store.open(db) as store:  # a keyed episode deletes like any other: its key and its finish with it
+        assert maintenance.delete_episodes(store, [eid]) == 4
+        assert keys.lookup(store, key) is None
+
+
+def test_without_a_token_the_header_route_refuses_bad_finished_and_foreign_episodes(serving, tmp_path):
+    a = serving()
+    db = tmp_path / "s.db"
+    # another live recorder on the same database (a StoreWriter of this process: its pid runs) records one
+    other = StoreWriter(Store.open(db))
+    foreign = asyncio.run(other.create_episode(EpisodeStart(command=["other"])))
+    with httpx.Client(timeout=30) as h:
+        done = h.post(f"{a.url}/polarproxy/v1/episodes", json={}).json()["episode_id"]
+        assert (
+            h.post(f"{a.url}/polarproxy/v1/episodes/{done}/finish", json={"exit_code": 1}).status_code == 200
+        )
+        before = counts(db)
+        for bad in ("my ep", "a/b", "x" * 200):
+            r = h.post(f"{a.url}/v1/chat/completions", json=CHAT, headers={"x-polarproxy-episode": bad})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_episode", bad
+        finished = h.post(f"{a.url}/v1/chat/completions", json=CHAT, headers={"x-polarproxy-episode": done})
+        assert finished.status_code == 409
+        by_path = h.post(f"{a.url}/e/{done}/v1/messages", json=MESSAGES)
+        assert by_path.status_code == 409 and by_path.json()["type"] == "error"
+        owned = h.post(f"{a.url}/v1/chat/completions", json=CHAT, headers={"x-polarproxy-episode": foreign})
+        assert owned.status_code == 403 and owned.json()["error"]["code"] == "episode_owned"
+        assert counts(db) == before
+        # what stays: a new episode named by the header (and by a path), the default episode
+        assert (
+            h.post(
+                f"{a.url}/v1/chat/completions", json=CHAT, headers={"x-polarproxy-episode": "run-1"}
+            ).status_code
+            == 200
+        )
+        assert h.post(f"{a.url}/e/run-1/v1/chat/completions", json=CHAT).status_code == 200
+        assert h.post(f"{a.url}/v1/chat/completions", json=CHAT).status_code == 200
+    other.close()  # its recorder gone, the episode is free: the header may name it again
+    with httpx.Client(timeout=30) as h:
+        freed = h.post(f"{a.url}/v1/chat/completions", json=CHAT, headers={"x-polarproxy-episode": foreign})
+        assert freed.status_code == 409  # closing ended it (ok): finished
+    with Store.open(db) as store:
+        assert len(store.list_calls("run-1")) == 2
+        assert store.list_calls(foreign) == []
+        assert len(store.list_calls(a.default_episode)) == 1
+        assert store.list_calls(done) == []
+
+
+def test_trajectory_stream_parameters_are_checked(serving):
+    s = serving()
+    with httpx.Client(base_url=s.url, timeout=30) as h:
+        for params, word in (
+            ({"strategy": "both"}, "strategy"),
+            ({"cursor": "nonsense!"}, "cursor"),
+            ({"advantages": "grpo"}, "groups=complete"),
+            ({"wait": "-1"}, "wait"),
+            ({"colour": "red"}, "Unknown parameters"),
+        ):
+            r = h.get("/polarproxy/v1/trajectories", params=params)
+            assert r.status_code == 400 and word in r.json()["error"], (params, r.text)
+        empty = h.get("/polarproxy/v1/trajectories", params={"wait": "0"})
+        assert empty.status_code == 200 and empty.json()["trajectories"] == []

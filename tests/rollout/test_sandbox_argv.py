@@ -1,0 +1,132 @@
+"""The command lines the runners build (Docker and Apptainer engines do not run here: their lines are
+checked as built, and their probes ask the engine, not the client), and the process runner's limits."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from polarproxy.rollout.sandbox import (
+    BRIDGE_PATH,
+    ApptainerRunner,
+    BwrapRunner,
+    DockerRunner,
+    SandboxError,
+    SandboxSpec,
+    get_runner,
+    run_process,
+)
+
+
+def _spec(tmp_path: Path, **kw) -> SandboxSpec:
+    for name in ("ws", "home", "sock", "hidden"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    (tmp_path / "store.db").write_text("")
+    return SandboxSpec(
+        workspace=tmp_path / "ws",
+        home=tmp_path / "home",
+        socket_dir=tmp_path / "sock",
+        gateway_port=8123,
+        hidden=[tmp_path / "hidden", tmp_path / "store.db"],
+        **kw,
+    )
+
+
+def test_docker_line_has_no_network_mounts_the_bridge_and_passes_env_by_name(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, image="python:3.12-slim")
+    env = {"OPENAI_API_KEY": "sk-secret", "HOME": str(spec.home), "CODEX_HOME": f"{spec.home}/.codex"}
+    argv = DockerRunner().argv(["agent", "--go"], spec, env)
+    line = " ".join(argv)
+    assert argv[:3] == ["docker", "run", "--rm"] and "--network none" in line
+    assert f"-v {spec.workspace}:/workspace" in line and f"-v {spec.home}:/home/agent" in line
+    assert (
+        f"-v {spec.socket_dir}:/run/polarproxy" in line
+        and f"-v {BRIDGE_PATH}:/opt/polarproxy/bridge.py:ro" in line
+    )
+    assert "sk-secret" not in line  # values travel in the client's environment, not on the command line
+    assert "-e OPENAI_API_KEY" in line
+    i = argv.index("python:3.12-slim")
+    assert argv[i + 1 :] == [
+        "python3", "-I", "/opt/polarproxy/bridge.py", "--socket", "/run/polarproxy/gateway.sock",
+        "--port", "8123", "--", "agent", "--go",
+    ]  # fmt: skip
+    inner = DockerRunner().env(env, spec)
+    assert inner["HOME"] == "/home/agent" and inner["CODEX_HOME"] == "/home/agent/.codex"
+
+
+def test_apptainer_line_contains_everything_and_passes_env_as_apptainerenv(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, image="agent.sif")
+    argv = ApptainerRunner().argv(["agent"], spec, {})
+    line = " ".join(argv)
+    assert argv[:3] == ["apptainer", "exec", "--containall"] and "--net --network none" in line
+    assert f"--home {spec.home}:/home/agent" in line and f"--bind {spec.workspace}:/workspace" in line
+    assert "--pwd /workspace" in line and argv[argv.index("agent.sif") + 1] == "python3"
+    inner = ApptainerRunner().env({"OPENAI_BASE_URL": "http://127.0.0.1:8123/v1", "HOME": "x"}, spec)
+    assert inner["APPTAINERENV_OPENAI_BASE_URL"] == "http://127.0.0.1:8123/v1"
+    assert "APPTAINERENV_HOME" not in inner
+
+
+def test_container_runners_need_an_image(tmp_path: Path) -> None:
+    for runner in (DockerRunner(), ApptainerRunner()):
+        with pytest.raises(SandboxError, match="needs an image"):
+            runner.argv(["agent"], _spec(tmp_path), {})
+
+
+def test_bwrap_line_unshares_the_network_hides_paths_and_binds_only_workspace_home_socket(
+    tmp_path: Path,
+) -> None:
+    spec = _spec(tmp_path)
+    argv = BwrapRunner(python="/usr/bin/python3").argv(["agent"], spec, {})
+    line = " ".join(argv)
+    assert "--unshare-all" in argv and "--die-with-parent" in argv and "--ro-bind / /" in line
+    assert f"--tmpfs {tmp_path / 'hidden'}" in line and f"--ro-bind /dev/null {tmp_path / 'store.db'}" in line
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
+    assert binds == [str(spec.workspace), str(spec.home), str(spec.socket_dir)]
+    assert argv[argv.index("--") + 1 :][:3] == ["/usr/bin/python3", "-I", str(BRIDGE_PATH)]
+
+
+def _fake_engine(tmp_path: Path, rc: int) -> str:
+    path = tmp_path / "engine"
+    path.write_text(f"#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit {rc}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_docker_probe_asks_the_engine_not_the_client(tmp_path: Path) -> None:
+    why = DockerRunner(binary=_fake_engine(tmp_path, 1)).probe()
+    assert why is not None and "Cannot connect to the Docker daemon" in why
+    assert DockerRunner(binary=_fake_engine(tmp_path, 0)).probe() is None
+
+
+def test_unknown_isolation_names_the_choices() -> None:
+    with pytest.raises(SandboxError, match="Unknown isolation 'chroot'") as e:
+        get_runner("chroot")
+    assert "none, bwrap, docker, apptainer" in (e.value.hint or "")
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    t0 = time.monotonic()
+    result = run_process(
+        ["/bin/sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
+        cwd=tmp_path,
+        env=dict(os.environ),
+        timeout_s=0.5,
+        log=tmp_path / "log",
+    )
+    assert result.timed_out and result.exit_code is None
+    assert time.monotonic() - t0 < 10
+    grandchild = int(pidfile.read_text())
+    for _ in range(50):
+        if (
+            not Path(f"/proc/{grandchild}").exists()
+            or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+        ):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the harness's child {grandchild} outlived the timeout")

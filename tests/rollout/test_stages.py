@@ -1,0 +1,144 @@
+"""The stage pipeline without a gateway: an in-memory episode source records what `rollout` tells it, and
+shell commands stand in for harnesses (isolation none)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from polarproxy.rewards.verifier import VerifierResult
+from polarproxy.rollout.gateway import EpisodeHandle, PriorEpisode
+from polarproxy.rollout.run import Plan, Rollout, summary
+from polarproxy.rollout.sandbox import Runner
+from polarproxy.rollout.stages import Settings
+from polarproxy.rollout.tasks import load_tasks
+
+
+class MemoryEpisodes:
+    url, port, db = "http://127.0.0.1:9", 9, "memory"
+
+    def __init__(self, prior: list[PriorEpisode] | None = None) -> None:
+        self.lock = threading.Lock()
+        self.created: dict[str, dict] = {}
+        self.finished: dict[str, tuple[str, int | None]] = {}
+        self.rewards: dict[str, list[VerifierResult]] = {}
+        self._prior = prior or []
+
+    def create(self, *, task, group, harness, metadata) -> EpisodeHandle:
+        eid = f"ep-{task}-{metadata['sample']}"
+        with self.lock:
+            self.created[eid] = {"task": task, "group": group, "metadata": metadata}
+        return EpisodeHandle(
+            eid, "key", {"openai": self.url + "/v1", "anthropic": self.url, "gemini": self.url}
+        )
+
+    def end(self, episode_id, *, exit_code, result) -> None:
+        assert episode_id not in self.finished, f"{episode_id} ended twice"
+        self.finished[episode_id] = exit_code
+        if result is not None:
+            self.rewards.setdefault(episode_id, []).append(result)
+
+    def prior(self, rollout_id, groups):
+        assert groups == ["ro_t:t"]
+        return self._prior
+
+    def close(self) -> None:
+        pass
+
+
+def _tasks(tmp_path: Path, **task) -> Path:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "f.txt").write_text("x")
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "expected").write_text("solved\n")
+    line = {"id": "t", "instruction": "solve", "workspace": "ws", "tests": "hidden", **task}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    return path
+
+
+def _settings(episodes, command: str, **kw) -> Settings:
+    return Settings(
+        rollout_id="ro_t", episodes=episodes, runner=Runner(), command=["/bin/sh", "-c", command], **kw
+    )
+
+
+def test_min_samples_accepts_the_group_and_stops_the_rest_as_aborted(tmp_path: Path) -> None:
+    tasks = load_tasks(_tasks(tmp_path, verify="true"))
+    episodes = MemoryEpisodes()
+    # samples 0 and 1 finish at once; 2 and 3 would run a minute
+    cmd = 'case "$POLARPROXY_EPISODE" in *-0|*-1) exit 0;; *) exec sleep 60;; esac'
+    t0 = time.monotonic()
+    jobs = Rollout(Plan(tasks, 4, 4, min_samples=2), _settings(episodes, cmd)).run()
+    assert time.monotonic() - t0 < 20
+    states = {j.sample: j.state for j in jobs}
+    assert states == {0: "done", 1: "done", 2: "aborted", 3: "aborted"}
+    for j in jobs[2:]:
+        assert j.reason == "aborted: the group was accepted with 2 of 4 samples"
+        assert episodes.finished[f"ep-t-{j.sample}"] == 130  # stopped
+        assert [r.reward for r in episodes.rewards[f"ep-t-{j.sample}"]] == [None]
+        assert episodes.rewards[f"ep-t-{j.sample}"][0].note == j.reason
+    s = summary(jobs, _settings(episodes, cmd), wall_s=1.0)
+    assert s["tasks"]["t"]["rewards"] == [1.0, 1.0] and s["states"] == {"done": 2, "aborted": 2}
+
+
+def test_harness_sees_instruction_on_stdin_and_env_and_verify_sees_hidden_tests(tmp_path: Path) -> None:
+    tasks = load_tasks(_tasks(tmp_path, verify="cmp answer tests/expected", setup=["echo set > setup.txt"]))
+    episodes = MemoryEpisodes()
+    cmd = 'test -f setup.txt && test ! -e tests && read line && [ "$line" = "$POLARPROXY_INSTRUCTION" ] && echo solved > answer'
+    jobs = Rollout(Plan(tasks, 2, 2), _settings(episodes, cmd)).run()
+    assert [j.state for j in jobs] == ["done", "done"]
+    assert [j.reward for j in jobs] == [1.0, 1.0]
+    assert episodes.created["ep-t-0"]["group"] == "ro_t:t"
+    assert episodes.created["ep-t-1"]["metadata"] == {"rollout_id": "ro_t", "task_id": "t", "sample": "1"}
+    assert episodes.finished["ep-t-0"] == 0 and episodes.rewards["ep-t-0"][0].note == "exit code 0"
+
+
+def test_harness_past_its_timeout_is_killed_and_still_evaluated(tmp_path: Path) -> None:
+    tasks = load_tasks(_tasks(tmp_path, verify="test -f answer", timeout_s=0.5))
+    episodes = MemoryEpisodes()
+    t0 = time.monotonic()
+    jobs = Rollout(Plan(tasks, 1, 1), _settings(episodes, "sleep 60; touch answer")).run()
+    assert time.monotonic() - t0 < 15
+    assert jobs[0].harness_timed_out and jobs[0].reward == 0.0
+    assert episodes.finished["ep-t-0"] == 124  # as timeout(1) says
+
+
+def test_failed_setup_fails_the_episode_with_the_reason_and_runs_no_harness(tmp_path: Path) -> None:
+    tasks = load_tasks(_tasks(tmp_path, verify="true", setup=["exit 3"]))
+    episodes = MemoryEpisodes()
+    jobs = Rollout(Plan(tasks, 1, 1), _settings(episodes, "true")).run()
+    assert jobs[0].state == "failed" and jobs[0].reason.startswith(
+        "prewarm: setup command 0 ('exit 3') exited 3"
+    )
+    assert episodes.created == {}
+
+
+def test_resume_skips_pairs_finished_with_a_reward_and_reruns_the_rest(tmp_path: Path) -> None:
+    tasks = load_tasks(_tasks(tmp_path, verify="true"))
+    md = {"rollout_id": "ro_t", "task_id": "t"}
+    prior = [
+        PriorEpisode("old-0", "ok", 1.0, {**md, "sample": "0"}),
+        PriorEpisode("old-1", "running", None, {**md, "sample": "1"}),  # killed mid-run
+        PriorEpisode("old-2", "ok", None, {**md, "sample": "2"}),  # killed before its reward
+    ]
+    episodes = MemoryEpisodes(prior)
+    jobs = Rollout(Plan(tasks, 3, 3, resume=True), _settings(episodes, "true")).run()
+    assert [j.state for j in jobs] == ["skipped", "done", "done"]
+    assert sorted(episodes.created) == ["ep-t-1", "ep-t-2"]
+
+
+def test_rollout_id_with_episodes_is_refused_without_resume(tmp_path: Path) -> None:
+    import pytest
+
+    from polarproxy.errors import UsageError
+
+    tasks = load_tasks(_tasks(tmp_path, verify="true"))
+    episodes = MemoryEpisodes(
+        [PriorEpisode("old", "ok", 1.0, {"rollout_id": "ro_t", "task_id": "t", "sample": "0"})]
+    )
+    with pytest.raises(UsageError, match="already has episodes") as e:
+        Rollout(Plan(tasks, 1, 1), _settings(episodes, "true")).run()
+    assert "--resume" in (e.value.hint or "")
