@@ -17,9 +17,14 @@ from polarproxy.commands.delete import prune, rm
 from polarproxy.commands.export import export
 from polarproxy.commands.ls import list_episodes
 from polarproxy.commands.record import record
+from polarproxy.commands.reward import CONTEXT_SETTINGS as REWARD_CONTEXT
+from polarproxy.commands.reward import reward
+from polarproxy.commands.rollout import rollout
 from polarproxy.commands.serve import serve
 from polarproxy.commands.show import show
 from polarproxy.commands.tiny import tiny_model
+from polarproxy.commands.train import train_command
+from polarproxy.commands.view import view
 
 app = typer.Typer(
     pretty_exceptions_show_locals=False,
@@ -46,10 +51,14 @@ app.add_typer(ca_app, name="ca")
 app.command("ls")(list_episodes)
 app.command()(show)
 app.command()(export)
+app.command("reward", context_settings=REWARD_CONTEXT)(reward)
 app.command()(audit)
+app.command("train")(train_command)
+app.command()(rollout)
 app.add_typer(db_app, name="db")
 app.command("rm")(rm)
 app.command("prune")(prune)
+app.command()(view)
 
 
 def main() -> None:
