@@ -63,7 +63,6 @@ class TrainConfig:
         one_of("--fused-loss", self.fused_loss, FUSED_LOSS)
         one_of("--device", self.device, DEVICES)
         positive = {
-            "--lr": self.lr,
             "--token-budget": self.token_budget,
             "--logprob-chunk": self.logprob_chunk,
         }
@@ -81,6 +80,7 @@ class TrainConfig:
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"--tis-cap must be > 0 (e.g. 2.0), got {self.tis_cap}.")
         for name, value in {
+            "--lr": self.lr,  # 0: a control run whose weights never change
             "--kl-coef": self.kl_coef,
             "--warmup-steps": self.warmup_steps,
             "--rows-per-step": self.rows_per_step,
