@@ -50,8 +50,11 @@ def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
     ]
 
 
-def episodes_table(episodes: list[Episode]) -> Table:
-    table = Table(title=f"{len(episodes)} episodes", title_justify="left")
+def episodes_table(episodes: list[Episode], total: int | None = None) -> Table:
+    shown = (
+        f"{len(episodes)} of {total}" if total is not None and total != len(episodes) else str(len(episodes))
+    )
+    table = Table(title=f"{shown} episodes", title_justify="left")
     for col in ("id", "command", "task", "group", "exit", "calls", "tokens", "reward", "status", "started"):
         table.add_column(
             col,
@@ -202,14 +205,18 @@ def render_episode(
             base = by_id.get(c.extended_from or "") if c.render_mode == "extended" else None
             skip = 0 if full_prompts or base is None else len(base.prompt_ids) + len(base.output_ids)
             if skip:
-                console.print(Text(f"  ({skip} tokens of #{base.seq}'s prompt and output not shown)", style="dim"))  # type: ignore[union-attr]
+                console.print(
+                    Text(f"  ({skip} tokens of #{base.seq}'s prompt and output not shown)", style="dim")
+                )  # type: ignore[union-attr]
             console.print(token_text(c, decode, skip=skip, marks=marks))
 
 
 TRAINABLE_OPEN, TRAINABLE_CLOSE = "⟦", "⟧"  # around sampled tokens when colour is lost (pipes)
 
 
-def token_text(call: Call, decode: Callable[[int], str] | None, *, skip: int = 0, marks: bool = False) -> Text:
+def token_text(
+    call: Call, decode: Callable[[int], str] | None, *, skip: int = 0, marks: bool = False
+) -> Text:
     """Prompt tokens dim (masked), sampled tokens green (trainable); IDs when there is no tokenizer.
     `skip`: leave off the first prompt tokens; `marks`: also bracket the sampled tokens with ⟦ ⟧."""
     out = Text("  ")

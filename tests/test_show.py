@@ -49,3 +49,19 @@ def test_tokens_show_each_calls_new_tokens_and_bracket_the_sampled_ones_when_pip
     assert "[100]" not in out
     r = CliRunner().invoke(app, ["show", ep, "--db", db, "--tokens", "--call", "2", "--full"])
     assert "[100]" in r.stdout and "not shown" not in r.stdout
+
+
+def test_ls_filters_by_status_and_says_how_many_of_how_many(tmp_path):
+    db = tmp_path / "l.db"
+    store = Store.open(db)
+    add_episode(store, turns=1)
+    failed, _ = add_episode(store, turns=1, end="failed")
+    store.close()
+    r = CliRunner().invoke(app, ["ls", "--db", str(db), "--status", "failed"])  # piped: plain lines
+    assert r.exit_code == 0, r.output
+    assert [line.split("\t")[0] for line in r.stdout.splitlines()[1:]] == [failed]
+    assert "1 of 1 episodes" in r.stderr
+    r = CliRunner().invoke(app, ["ls", "--db", str(db), "--limit", "1"])
+    assert len(r.stdout.splitlines()) == 2 and "1 of 2 episodes" in r.stderr
+    r = CliRunner().invoke(app, ["ls", "--db", str(db), "--status", "done"])
+    assert r.exit_code == 2 and "Unknown episode status 'done'" in r.stderr

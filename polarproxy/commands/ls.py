@@ -15,6 +15,7 @@ from polarproxy.commands.support import (
     nothing_recorded,
     open_store,
     print_json,
+    usage_fail,
 )
 
 
@@ -23,6 +24,9 @@ def list_episodes(
     limit: Annotated[int, typer.Option(help="How many episodes, newest first.")] = 50,
     task: Annotated[str | None, typer.Option(help="Only episodes of this task (`record --task`).")] = None,
     group: Annotated[str | None, typer.Option(help="Only episodes of this group (`record --group`).")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="Only episodes with this status (running, ok, failed, interrupted).")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """List episodes: id, command, task, group, exit code, calls, tokens, reward, status, time."""
@@ -35,8 +39,12 @@ def list_episodes(
         return
     from polarproxy.store.query import EpisodeQuery
 
-    where = EpisodeQuery(task=task, group_id=group) if task is not None or group is not None else None
+    try:
+        where = EpisodeQuery(task=task, group_id=group, status=status)
+    except ValueError as e:
+        usage_fail(str(e), "See `polarproxy ls --help`.")
     episodes = store.list_episodes(limit=limit, where=where)
+    total = store.count_episodes(where=where)
     for line in backlog_lines(store.url):  # writes waiting in spools (the database was down)
         typer.echo(line, err=True)
     if json_out:
@@ -45,7 +53,8 @@ def list_episodes(
     if not sys.stdout.isatty():  # piped: plain tab-separated lines, one per episode
         for row in episodes_plain(episodes):
             typer.echo(row)
+        typer.echo(f"{len(episodes)} of {total} episodes", err=True)
         return
     from rich.console import Console
 
-    Console().print(episodes_table(episodes))
+    Console().print(episodes_table(episodes, total))

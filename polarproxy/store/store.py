@@ -387,6 +387,14 @@ class Store(RewardsMixin):
         with self._read() as conn:
             return [self._episode(row) for row in conn.execute(query)]
 
+    def count_episodes(self, *, where: EpisodeQuery | None = None) -> int:
+        """How many episodes there are (that match `where`)."""
+        query = select(func.count()).select_from(E)
+        if where is not None:
+            query = query.where(*where.conditions())
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
     def get_episode(self, id_or_prefix: str) -> Episode:
         """The episode with this ID, or whose ID alone starts with this prefix (`ep_` may be left off)."""
         eid = self._resolve(E, id_or_prefix, EPISODE_PREFIX, "episode", "polarproxy ls")
