@@ -175,7 +175,9 @@ class Recorder:
             return
         req = flow.request
         path = req.path
-        if path.startswith(CONTROL_PREFIX) or (self.control is not None and path.partition("?")[0] == "/health"):
+        if path.startswith(CONTROL_PREFIX) or (
+            self.control is not None and path.partition("?")[0] == "/health"
+        ):
             await self._answer_control(flow)
             return
         episode = req.headers.get(EPISODE_HEADER) or None

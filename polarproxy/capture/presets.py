@@ -157,7 +157,9 @@ def parse_preset(data: Any, *, source: str, default_name: str) -> Preset:
             raise bad("command", "must be a command line with {instruction} as one whole argument")
         for m in _PLACEHOLDER.finditer(command):
             if m.group(1) not in ("instruction", "model"):
-                raise bad("command", f"uses unknown placeholder {m.group(0)} (known: {{instruction}}, {{model}})")
+                raise bad(
+                    "command", f"uses unknown placeholder {m.group(0)} (known: {{instruction}}, {{model}})"
+                )
     if not apis and "default_api" in data:
         raise bad("default_api", "needs an 'apis' section")
 

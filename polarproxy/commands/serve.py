@@ -69,7 +69,10 @@ def serve(
     )
     cfg.host = host
     if control_token is not None and not control_token.strip():
-        fail("--control-token is empty.", "Pass a secret (e.g. `openssl rand -hex 24`), or leave the option out.")
+        fail(
+            "--control-token is empty.",
+            "Pass a secret (e.g. `openssl rand -hex 24`), or leave the option out.",
+        )
     cfg.control_token = control_token
     check_port_free(host, port)
 

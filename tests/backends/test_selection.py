@@ -161,13 +161,15 @@ def test_record_with_a_detected_vllm_backend(tiny_model_dir, tmp_path):
 
 async def test_a_given_kind_the_server_contradicts_is_refused_at_start():
     with SGLangDouble(outputs=[1]) as d:
-        with pytest.raises(SelectionError, match="--backend-kind vllm does not match .* answers as sglang"):
+        with pytest.raises(SelectionError, match=r"--backend-kind vllm does not match .* answers as sglang"):
             await open_backend(d.url, "vllm")
         backend = await open_backend(d.url, "local")  # the same protocol: accepted
         await backend.aclose()
-    with VLLMDouble(outputs=[1]) as d:
-        with pytest.raises(SelectionError, match="--backend-kind sglang does not match .* answers as vllm"):
-            await open_backend(d.url, "sglang")
+    with (
+        VLLMDouble(outputs=[1]) as d,
+        pytest.raises(SelectionError, match=r"--backend-kind sglang does not match .* answers as vllm"),
+    ):
+        await open_backend(d.url, "sglang")
 
 
 def test_bad_kind_is_a_usage_error(tiny_model_dir, tmp_path):
