@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,8 @@ class BwrapRunner(Runner):
     def argv(self, command: list[str], spec: SandboxSpec, env: dict[str, str]) -> list[str]:
         args = [self.binary, "--unshare-all", "--die-with-parent", "--new-session"]
         args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        for path in _under_tmp([self.python, str(BRIDGE_PATH), *command]):
+            args += ["--ro-bind", str(path), str(path)]  # the private /tmp must not hide what runs
         for path in spec.hidden:
             if path.is_dir():
                 args += ["--tmpfs", str(path)]
@@ -118,6 +121,21 @@ class BwrapRunner(Runner):
         args += ["--chdir", str(spec.workspace), "--"]
         socket_path = str(spec.socket_dir / SOCKET_NAME)
         return args + _bridge_argv(self.python, str(BRIDGE_PATH), socket_path, spec.gateway_port, command)
+
+
+def _under_tmp(paths: list[str]) -> list[Path]:
+    """What the sandboxed command needs that lives under /tmp (a checkout or venv there): the interpreter's
+    prefixes, polarproxy's package root, and the command's own file arguments, outermost first."""
+    import polarproxy
+
+    wanted = [Path(sys.prefix), Path(sys.base_prefix), Path(polarproxy.__file__).resolve().parent.parent]
+    wanted += [Path(p) for p in paths if p.startswith("/") and Path(p).exists()]
+    tmp = Path("/tmp")
+    found: list[Path] = []
+    for path in sorted({p.resolve() if p.exists() else p for p in wanted}, key=lambda p: len(p.parts)):
+        if tmp in path.parents and not any(f in path.parents or f == path for f in found):
+            found.append(path)
+    return found
 
 
 def _translate(value: str, spec: SandboxSpec) -> str:

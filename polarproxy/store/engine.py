@@ -59,7 +59,7 @@ def make_engine(url: str) -> Engine:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _set_wal(cursor)
             cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -70,6 +70,23 @@ def make_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
     return engine
+
+
+def _set_wal(cursor: Any) -> None:
+    """`PRAGMA journal_mode = WAL`, retried: on a blank file that other connections are opening at the same
+    moment, SQLite answers "database is locked" at once, without waiting out the busy timeout."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 @contextmanager
