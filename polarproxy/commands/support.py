@@ -28,24 +28,22 @@ ModelOpt = Annotated[
 
 def fail(message: str, hint: str | None = None) -> NoReturn:
     """`Error: <what>` then a hint, exit 1 (DESIGN.md §9)."""
-    from rich.console import Console
-
-    err = Console(stderr=True, highlight=False)
-    err.print(f"[bold red]Error:[/] {safe_text(message)}", markup=True, soft_wrap=True)
-    if hint:
-        err.print(safe_text(hint), style="dim", markup=False, soft_wrap=True)
-    raise typer.Exit(1)
+    _error(message, hint, code=1)
 
 
 def usage_fail(message: str, hint: str | None = None) -> NoReturn:
     """A usage error: `Error: <what>` then a hint, exit 2."""
+    _error(message, hint, code=2)
+
+
+def _error(message: str, hint: str | None, *, code: int) -> NoReturn:
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False)
     err.print(f"[bold red]Error:[/] {safe_text(message)}", markup=True, soft_wrap=True)
     if hint:
         err.print(safe_text(hint), style="dim", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def safe_text(text: str) -> str:
