@@ -89,7 +89,7 @@ $(VLLM_VENV)/.installed:
 	@touch $@
 
 test-vllm: $(STAMP) $(VLLM_VENV)/.installed
-	POLARPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -m vllm -rs -s tests/backends/test_vllm_integration.py
+	POLARPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -m vllm -rs -s tests/backends/test_vllm_integration.py tests/backends/test_vllm_real_template.py
 
 bench: $(STAMP)
 	$(PY) bench/proxy_overhead.py --json bench/results/latest.json
@@ -98,6 +98,7 @@ bench: $(STAMP)
 	$(PY) bench/store_write.py --json bench/results/store-latest.json
 	$(PY) bench/export_speed.py --json bench/results/export-latest.json
 	$(PY) bench/render_prefix.py --json bench/results/render-prefix-latest.json
+	$(PY) bench/fidelity_ablation.py --json bench/results/fidelity-latest.json
 	$(PY) bench/train_step.py --json bench/results/train-step-latest.json
 
 lint: $(STAMP)

@@ -39,6 +39,7 @@ from polarproxy.conversation import (
     TextDelta,
     Tool,
     ToolCall,
+    ToolCallDelta,
     ToolCallEvent,
 )
 from polarproxy.dialects.base import DialectError, answer_signature, flag, max_tokens, sampling_number, string
@@ -138,7 +139,12 @@ class _Turns:
 
     def assistant_text(self, text: str) -> None:
         turn = self.open
-        if turn is None or turn.content or turn.tool_calls:
+        if turn is not None and turn.tool_calls:
+            # text the model wrote after a call of the same turn (no call output came between): the
+            # stream sent it as a second message item; it is the same answer
+            turn.content = (turn.content or "") + text
+            return
+        if turn is None or turn.content:
             self.open = None
             turn = self.assistant()
         turn.content = text
@@ -395,9 +401,11 @@ class OpenAIResponses:
 
 
 class ResponsesStreamWriter:
-    """Items open in order: reasoning (on the first reasoning delta), the message (on the first text
-    delta, closing the reasoning), then the function calls, which are held until `finish` because text
-    may still follow a tool call in the sampled output."""
+    """Output items open in the order the parsed output comes: reasoning (on the first reasoning delta),
+    a message (on the first text delta, closing the reasoning), a function call (on its first argument
+    piece, closing the message: its `response.function_call_arguments.delta` events follow as the call is
+    sampled). Text after a call opens a new message item. A call parsed whole goes out whole. The final
+    response lists the items exactly as they were streamed."""
 
     content_type = "text/event-stream"
 
@@ -410,8 +418,13 @@ class ResponsesStreamWriter:
         self._reasoning: str | None = None  # text so far, while the reasoning item is open or was
         self._reasoning_index: int | None = None
         self._reasoning_closed = False
-        self._text: str | None = None
+        self._text: str | None = None  # the open message item's text
         self._message_index: int | None = None
+        self._message_id = ""
+        self._messages = 0  # message items opened so far
+        self._calls: dict[int, tuple[int, ToolCall]] = {}  # call index -> (output_index, call) once sent
+        self._open_call: tuple[int, int, str, str, str] | None = None  # (call, output_index, item, id, name)
+        self._done: dict[int, dict[str, Any]] = {}  # output_index -> the finished item, as sent
         self._error: bytes | None = None
 
     def _event(self, kind: str, **fields: Any) -> bytes:
@@ -449,6 +462,8 @@ class ResponsesStreamWriter:
         text = self._reasoning
         common = {"item_id": "rs_" + self.rid, "output_index": self._reasoning_index, "summary_index": 0}
         item = _reasoning_item(self.rid, text, answer_signature(self.rid))
+        assert self._reasoning_index is not None
+        self._done[self._reasoning_index] = item
         return (
             self._event("response.reasoning_summary_text.done", text=text, **common)
             + self._event(
@@ -461,17 +476,16 @@ class ResponsesStreamWriter:
         out = self._close_reasoning()
         self._text = ""
         self._message_index = self._index
+        self._message_id = "msg_" + self.rid + (f"_{self._messages}" if self._messages else "")
+        self._messages += 1
         self._index += 1
+        item = _message_item(self.rid, "", "in_progress") | {"id": self._message_id}
         return (
             out
-            + self._event(
-                "response.output_item.added",
-                output_index=self._message_index,
-                item=_message_item(self.rid, "", "in_progress"),
-            )
+            + self._event("response.output_item.added", output_index=self._message_index, item=item)
             + self._event(
                 "response.content_part.added",
-                item_id="msg_" + self.rid,
+                item_id=self._message_id,
                 output_index=self._message_index,
                 content_index=0,
                 part={"type": "output_text", "text": "", "annotations": []},
@@ -481,8 +495,12 @@ class ResponsesStreamWriter:
     def _close_message(self, status: str) -> bytes:
         if self._text is None:
             return b""
-        text = self._text
-        common = {"item_id": "msg_" + self.rid, "output_index": self._message_index, "content_index": 0}
+        text, index = self._text, self._message_index
+        assert index is not None
+        self._text = None
+        common = {"item_id": self._message_id, "output_index": index, "content_index": 0}
+        item = _message_item(self.rid, text, status) | {"id": self._message_id}
+        self._done[index] = item
         return (
             self._event("response.output_text.done", text=text, logprobs=[], **common)
             + self._event(
@@ -490,19 +508,48 @@ class ResponsesStreamWriter:
                 part={"type": "output_text", "text": text, "annotations": []},
                 **common,
             )
-            + self._event(
-                "response.output_item.done",
-                output_index=self._message_index,
-                item=_message_item(self.rid, text, status),
-            )
+            + self._event("response.output_item.done", output_index=index, item=item)
         )
 
+    def _close_open_items(self) -> bytes:
+        """Before a new call item: the reasoning and the message before it are done."""
+        return self._close_reasoning() + self._close_message("completed")
+
+    def _begin_call(self, ev: ToolCallDelta) -> bytes:
+        out = self._close_open_items()
+        index = self._index
+        self._index += 1
+        item_id = f"fc_{self.rid}_{ev.index}"
+        self._open_call = (ev.index, index, item_id, ev.id, ev.name)
+        stub = _call_item(self.rid, ev.index, ToolCall(ev.id, ev.name, ""), "in_progress")
+        return out + self._event("response.output_item.added", output_index=index, item=stub)
+
+    def _end_call(self, call_index: int, call: ToolCall) -> bytes:
+        assert self._open_call is not None and self._open_call[0] == call_index
+        _, index, item_id, _, _ = self._open_call
+        self._open_call = None
+        self._calls[call_index] = (index, call)
+        item = _call_item(self.rid, call_index, call)
+        self._done[index] = item
+        return self._event(
+            "response.function_call_arguments.done",
+            item_id=item_id,
+            output_index=index,
+            arguments=call.arguments,
+        ) + self._event("response.output_item.done", output_index=index, item=item)
+
     def _call(self, i: int, call: ToolCall) -> bytes:
+        """A call parsed whole: its item, all its arguments in one delta, done."""
+        out = self._close_open_items()
         index = self._index
         self._index += 1
         item_id = f"fc_{self.rid}_{i}"
+        self._calls[i] = (index, call)
+        item = _call_item(self.rid, i, call)
+        self._done[index] = item
         return (
-            self._event(
+            out
+            + self._event(
                 "response.output_item.added",
                 output_index=index,
                 item=_call_item(self.rid, i, call, "in_progress"),
@@ -519,7 +566,7 @@ class ResponsesStreamWriter:
                 output_index=index,
                 arguments=call.arguments,
             )
-            + self._event("response.output_item.done", output_index=index, item=_call_item(self.rid, i, call))
+            + self._event("response.output_item.done", output_index=index, item=item)
         )
 
     # -- the protocol -----------------------------------------------------------------------------
@@ -544,8 +591,8 @@ class ResponsesStreamWriter:
                     )
                 )
             elif isinstance(ev, TextDelta):
-                if not ev.text:
-                    continue
+                if not ev.text or self._open_call is not None:
+                    continue  # the parser sends no text inside a call
                 if self._text is None:
                     out.append(self._open_message())
                 assert self._text is not None
@@ -553,15 +600,31 @@ class ResponsesStreamWriter:
                 out.append(
                     self._event(
                         "response.output_text.delta",
-                        item_id="msg_" + self.rid,
+                        item_id=self._message_id,
                         output_index=self._message_index,
                         content_index=0,
                         delta=ev.text,
                         logprobs=[],
                     )
                 )
+            elif isinstance(ev, ToolCallDelta):
+                if self._open_call is None or self._open_call[0] != ev.index:
+                    out.append(self._begin_call(ev))
+                assert self._open_call is not None
+                if ev.arguments:
+                    out.append(
+                        self._event(
+                            "response.function_call_arguments.delta",
+                            item_id=self._open_call[2],
+                            output_index=self._open_call[1],
+                            delta=ev.arguments,
+                        )
+                    )
             elif isinstance(ev, ToolCallEvent):
-                pass  # sent from `finish`, after the message closes (completion.tool_calls)
+                if self._open_call is not None and self._open_call[0] == ev.index:
+                    out.append(self._end_call(ev.index, ev.call))
+                elif ev.index not in self._calls:
+                    out.append(self._call(ev.index, ev.call))
         return b"".join(out)
 
     def finish(self, completion: Completion) -> bytes:
@@ -572,7 +635,10 @@ class ResponsesStreamWriter:
         out.append(self._close_reasoning())
         out.append(self._close_message(status))
         for i, call in enumerate(completion.tool_calls):
-            out.append(self._call(i, call))
+            if self._open_call is not None and self._open_call[0] == i:
+                out.append(self._end_call(i, call))  # a call cut before its end was parsed
+            elif i not in self._calls:
+                out.append(self._call(i, call))
         final = response_object(
             completion,
             response_id=self.rid,
@@ -580,6 +646,7 @@ class ResponsesStreamWriter:
             created=self.created,
             with_reasoning=self._reasoning is not None,
         )
+        final["output"] = [self._done[i] for i in sorted(self._done)]  # as streamed, in order
         out.append(self._event(f"response.{status}", response=final))
         return b"".join(out)
 

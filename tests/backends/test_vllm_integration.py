@@ -15,25 +15,21 @@ perturbed checkpoint, and its logprobs are then the checkpoint's.
 from __future__ import annotations
 
 import itertools
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from factories import record_summary
+from vllm_server import VLLM_PYTHON, VLLM_URL, vllm_server
 
 from polarproxy.conversation import Conversation
 from polarproxy.render.renderer import Renderer
 from polarproxy.store.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = os.environ.get("POLARPROXY_VLLM_PYTHON")
-VLLM_URL = os.environ.get("POLARPROXY_VLLM_URL")
 TOLERANCE = 1e-3  # fp32 on CPU, vLLM's kernels against transformers' eager forward pass
 
 pytestmark = [
@@ -46,73 +42,10 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_url(tiny_model_dir, tmp_path_factory) -> Iterator[str]:
-    if VLLM_URL:
-        yield VLLM_URL.rstrip("/")
-        return
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "VLLM_SERVER_DEV_MODE": "1",  # the weight-reload routes polarproxy's sync uses (docs/rl.md)
-        # polarproxy's worker extension (polarproxy/backends/vllm_worker.py) imports only vLLM
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-    }
-    started = time.monotonic()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                str(VLLM_PYTHON),
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(tiny_model_dir),
-                "--dtype",
-                "float32",
-                "--enforce-eager",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--max-model-len",
-                "8192",
-                "--worker-extension-cls",
-                "polarproxy.backends.vllm_worker.PolarproxyWeightReload",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + float(os.environ.get("POLARPROXY_VLLM_START_S", "900"))
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode} while starting:\n{log.read_text()[-4000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM did not become healthy in time:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        print(f"vLLM ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    with vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "server.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _record(

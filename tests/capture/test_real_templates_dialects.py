@@ -1,5 +1,6 @@
 """Multi-turn tool episodes through `polarproxy record` on tiny models that carry real chat templates
-(Qwen3, Qwen3-Coder XML, Mistral), in every dialect: the agent (a small httpx script, AGENT below) asks,
+(every template in ../shared/fixtures/chat-templates: Qwen3, Qwen3-Coder XML, Mistral, DeepSeek-V3,
+Llama 3.1 JSON tools, Hermes 2 Pro), in every dialect: the agent (a small httpx script, AGENT below) asks,
 gets two tool calls back parsed, sends the results, and its last answer is cut by the token limit. Every
 follow-up call extends the one before it (T2), prefix-merge export gives one trajectory, and the trainable
 logprobs are the model's own (a teacher-forced pass agrees within 1e-4). Under `--prefix-policy fresh`,
@@ -174,7 +175,14 @@ CUT_FINISH = {
 # (template, --prefix-policy): Mistral writes the tools into the last user message, so a fresh render
 # of a later turn does not start with the earlier prompt; `extend` keeps T2 anyway, `fresh` keeps the
 # template's own rendering (T1) and gives up T2
-EXTENDING = ("qwen3", "qwen3-coder-xml-tools", "mistral-parallel-tools")
+EXTENDING = (
+    "qwen3",
+    "qwen3-coder-xml-tools",
+    "mistral-parallel-tools",
+    "deepseek-v3-tools",
+    "llama3.1-json-tools",
+    "hermes-2-pro-tools",
+)
 
 
 def root_conftest():

@@ -3,7 +3,15 @@ import json
 import orjson
 import pytest
 
-from polarproxy.conversation import Completion, ReasoningDelta, TextDelta, ToolCall, ToolCallEvent, Usage
+from polarproxy.conversation import (
+    Completion,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallEvent,
+    Usage,
+)
 from polarproxy.dialects import DialectError, route
 from polarproxy.dialects.base import answer_signature
 from polarproxy.dialects.openai_responses import OpenAIResponses, split_tool_name
@@ -271,8 +279,12 @@ DELTAS = [
     ReasoningDelta("thou"),
     ReasoningDelta("ght"),
     TextDelta("Do"),
+    TextDelta("ne."),
+    # the first call's arguments stream in pieces as sampled; the second was parsed whole
+    ToolCallDelta(0, "call_1", "ls", ""),
+    ToolCallDelta(0, "call_1", "ls", '{"pa'),
+    ToolCallDelta(0, "call_1", "ls", 'th": "."}'),
     ToolCallEvent(0, completion().tool_calls[0]),
-    TextDelta("ne."),  # text after a tool call: the message stays open, calls are sent at the end
     ToolCallEvent(1, completion().tool_calls[1]),
 ]
 
@@ -319,7 +331,7 @@ def test_stream_is_accumulated_by_the_openai_sdk():
     text_snapshots = [e.snapshot for e in sdk_events if e.type == "response.output_text.delta"]
     assert text_snapshots == ["Do", "Done."]  # the SDK's own running text
     arg_snapshots = [e.snapshot for e in sdk_events if e.type == "response.function_call_arguments.delta"]
-    assert arg_snapshots == ['{"path": "."}', "{}"]
+    assert arg_snapshots == ['{"pa', '{"path": "."}', "{}"]
     final = sdk_events[-1].response
     assert sdk_events[-1].type == "response.completed"
     assert final.output_text == "Done." and final.status == "completed"
