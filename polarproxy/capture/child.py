@@ -6,7 +6,12 @@
 - SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to `record` itself are passed on to the
   child's process group; `record` then exits with the child's code (128+N when signal N ended it).
 - If `record` dies without passing anything on (SIGKILL, a crash), the kernel kills the child at once
-  (PR_SET_PDEATHSIG); processes the child started itself are its own to end.
+  (PR_SET_PDEATHSIG, which is per process), and a watchdog ends the rest of the child's process group (what
+  the harness started: tool commands, servers, sub-agents): a tiny process of its own session, started
+  before the child, that holds the read end of a pipe whose write end only `record` holds. `record` writes
+  the group's ID into it; the pipe's end of file, when `record` has not said `done` first, means `record`
+  is gone, and the watchdog sends the group SIGTERM, then SIGKILL a second later. A process that left the
+  group (setsid, setpgid) is out of its reach.
 - `timeout_s`: when the child runs longer, its group gets SIGTERM, then SIGKILL after `grace_s`.
 """
 
@@ -18,6 +23,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +37,31 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR2,
 )
 PR_SET_PDEATHSIG = 1
+WATCHDOG_GRACE_S = 1.0
+
+# The watchdog's whole program (`python -I -S -c`): no imports of polarproxy, so it starts in ~20 ms.
+WATCHDOG = """
+import os, signal, sys, time
+fd, grace = int(sys.argv[1]), float(sys.argv[2])
+data = b""
+while True:
+    chunk = os.read(fd, 64)
+    if not chunk:
+        break
+    data += chunk
+words = data.split()
+if words and words[-1] != b"done" and words[-1].isdigit():
+    pgid = int(words[-1])
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            os.killpg(pgid, 0)
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +141,17 @@ async def run_child(
     cannot start (the exit says 127/126 and why)."""
     loop = asyncio.get_running_loop()
     tty = _terminal_fd()
+    watchdog = _Watchdog.start()
     try:
         proc = await asyncio.create_subprocess_exec(
             *command, env=dict(env), cwd=cwd, preexec_fn=_preexec(_prctl(), tty, os.getpid())
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+        watchdog.done()
         code = 127 if isinstance(e, FileNotFoundError) else 126
         return ChildExit(code, error=f"cannot run {command[0]!r}: {e.strerror}.")
     pgid = proc.pid  # setpgid(0, 0): the group is named after the child
+    watchdog.watch(pgid)
     installed = []
     for sig in FORWARDED_SIGNALS:
         with contextlib.suppress(ValueError, RuntimeError):  # not the main thread: no handlers
@@ -141,7 +175,54 @@ async def run_child(
             proc.kill()
         raise
     finally:
+        watchdog.done()
         for sig in installed:
             loop.remove_signal_handler(sig)
         _take_terminal_back(tty)
     return ChildExit(exit_code(returncode), timed_out=timed_out)
+
+
+class _Watchdog:
+    """The process that ends the child's group if `record` dies (module docstring). Where it cannot start,
+    the child still dies with `record` (PR_SET_PDEATHSIG); only its own children may then outlive it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | None, fd: int | None) -> None:
+        self.proc = proc
+        self.fd = fd  # the write end; only this process holds it
+
+    @staticmethod
+    def start() -> _Watchdog:
+        r, w = os.pipe()
+        try:
+            os.set_inheritable(w, False)
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", WATCHDOG, str(r), str(WATCHDOG_GRACE_S)],
+                pass_fds=(r,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # not in the child's group, nor in the terminal's foreground group
+            )
+        except OSError:
+            os.close(w)
+            return _Watchdog(None, None)
+        finally:
+            os.close(r)
+        return _Watchdog(proc, w)
+
+    def watch(self, pgid: int) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.fd, f"{pgid}\n".encode())
+
+    def done(self) -> None:
+        """The child ended under `record`'s eyes: the watchdog leaves without killing anything."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.fd, b"done\n")
+        os.close(self.fd)
+        self.fd = None
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)

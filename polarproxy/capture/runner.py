@@ -25,16 +25,14 @@ from polarproxy.capture.child import run_child
 from polarproxy.capture.gateway import Gateway, GatewayOptions
 from polarproxy.capture.presets import Preset
 from polarproxy.capture.proxy import RunningProxy, start_proxy
+from polarproxy.capture.recording import create_recorded_episode, open_recording_store
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
-from polarproxy.redact import redact_argv
 from polarproxy.render.prefix import CALLS_PER_EPISODE, Turn, turn_from_record
 from polarproxy.render.renderer import Renderer
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
 from polarproxy.store.errors import NotFoundError, StoreError
-from polarproxy.store.records import EpisodeStart
 from polarproxy.store.store import Store
-from polarproxy.store.urls import display_url
 
 PLACEHOLDER_KEY = "sk-polarproxy-local"
 
@@ -123,13 +121,7 @@ class Stack:
 
 async def open_stack(cfg: ProxyConfig) -> Stack:
     renderer = Renderer(cfg.model)
-    try:
-        store = Store.open(cfg.db)
-    except Exception as e:
-        raise UsageError(
-            f"Cannot open the store '{display_url(cfg.db) if cfg.db else 'default'}': {e}",
-            hint="Pass --db PATH to a writable file, or set POLARPROXY_DB.",
-        ) from e
+    store = open_recording_store(cfg.db)  # refused before the harness runs when it takes no writes
     backend = await _open_backend(cfg)
     writer = StoreWriter(store)
     gateway = Gateway(
@@ -206,15 +198,13 @@ async def close_stack(stack: Stack) -> None:
 
 async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> tuple[str, RunningProxy]:
     """Create the episode that calls without one go to, and start mitmproxy with the recorder."""
-    episode_id = await stack.writer.create_episode(
-        EpisodeStart(
-            command=redact_argv(command),  # T5: keys on the harness's command line are never stored
-            harness=cfg.harness,
-            cwd=os.getcwd(),
-            task=cfg.task,
-            group_id=cfg.group_id,
-            metadata=dict(cfg.metadata),
-        )
+    episode_id = await create_recorded_episode(
+        stack.writer,
+        command,
+        harness=cfg.harness,
+        task=cfg.task,
+        group_id=cfg.group_id,
+        metadata=dict(cfg.metadata),
     )
     try:
         proxy = await start_proxy(

@@ -49,9 +49,20 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
     store = open_or_explain(db)  # None: the database is down; the episode's writes wait in a spool
     if store is None:
         return
+    from polarproxy.store.errors import StoreError
+
     try:
         episode = store.get_episode(outcome.episode_id)
         calls = store.list_calls(outcome.episode_id)
+    except StoreError as e:  # the database stopped taking writes mid-run: they wait in a spool
+        typer.echo(
+            safe_text(
+                f"polarproxy: episode {outcome.episode_id} is not in the store yet ({e}); its calls wait in a "
+                "spool (named above) until the database takes writes: run `polarproxy db repair` then"
+            ),
+            err=True,
+        )
+        return
     finally:
         store.close()
     counts: dict[str, int] = {}

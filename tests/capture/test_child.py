@@ -120,3 +120,62 @@ def test_a_killed_record_takes_the_harness_with_it_within_a_second(tmp_path):
         rec.kill()
         if pid > 0 and _alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+# A harness that starts a grandchild (a tool command, in the harness's group) and waits on it.
+SPAWNER = """
+import subprocess, sys, time, os
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[1] + ".tmp", "w").write(f"{os.getpid()} {child.pid}")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+child.wait()
+"""
+
+
+def test_a_killed_record_takes_what_the_harness_started_with_it_within_seconds(tmp_path):
+    out = tmp_path / "pids"
+    cmd = [sys.executable, "-m", "polarproxy", "record", "--intercept", "--db", str(tmp_path / "r.db")]
+    env = {**os.environ, "POLARPROXY_CA_DIR": str(tmp_path / "ca")}
+    rec = subprocess.Popen(
+        [*cmd, "--", sys.executable, "-c", SPAWNER, str(out)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    grandchild = -1
+    try:
+        _, grandchild = map(int, _wait_for(out).split())
+        assert _alive(grandchild)
+        rec.kill()  # SIGKILL: record passes nothing on; the kernel ends the harness, the watchdog the rest
+        rec.wait(10)
+        deadline = time.monotonic() + 5.0
+        while _alive(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(grandchild), "a process the harness started outlived record"
+    finally:
+        rec.kill()
+        if grandchild > 0 and _alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_harness_that_ends_normally_leaves_no_watchdog_behind(tmp_path):
+    before = set(_watchdogs())
+    result = asyncio.run(run_child([sys.executable, "-c", "pass"], os.environ))
+    assert result.code == 0
+    assert set(_watchdogs()) - before == set()
+
+
+def _watchdogs() -> list[int]:
+    from polarproxy.capture.child import WATCHDOG
+
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmdline = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if WATCHDOG.encode() in cmdline and _alive(int(p.name)):
+                found.append(int(p.name))
+    return found

@@ -111,7 +111,7 @@ def test_providers_match_known_hosts_and_paths_and_user_patterns():
         Providers.of(["http://x"])
 
 
-def test_a_websocket_to_a_provider_is_reported_once_as_unrecorded(caplog):
+def test_a_websocket_other_than_responses_is_reported_once_as_unrecorded(caplog):
     from mitmproxy.test import tflow
 
     from polarproxy.capture.intercept.addon import Interceptor
@@ -119,14 +119,53 @@ def test_a_websocket_to_a_provider_is_reported_once_as_unrecorded(caplog):
     addon = Interceptor(writer=None, episode_id="ep_x", providers=Providers.of([]))  # type: ignore[arg-type]
     flow = tflow.twebsocketflow()
     flow.request.headers["host"] = "api.openai.com"
-    flow.request.path = "/v1/responses?key=secret-k"
+    flow.request.path = "/v1/realtime?key=secret-k"
     with caplog.at_level("WARNING", logger="polarproxy.intercept"):
         addon.websocket_start(flow)
         addon.websocket_start(flow)
     (record,) = caplog.records
-    assert "api.openai.com/v1/responses" in record.getMessage() and "unrecorded" in record.getMessage()
+    assert "api.openai.com/v1/realtime" in record.getMessage() and "unrecorded" in record.getMessage()
     assert "secret-k" not in record.getMessage()
     other = tflow.twebsocketflow()
     other.request.headers["host"] = "chat.example.com"
     addon.websocket_start(other)
     assert len(caplog.records) == 1
+    responses = tflow.twebsocketflow()
+    responses.request.headers["host"] = "api.openai.com"
+    responses.request.path = "/v1/responses"
+    addon.websocket_start(responses)  # recorded (test_intercept_websocket.py), so not reported
+    assert len(caplog.records) == 1
+
+
+async def test_a_websocket_call_that_cannot_be_recorded_is_cut_off_with_an_error_event(tmp_path):
+    import orjson
+    from mitmproxy.test import tflow
+    from mitmproxy.websocket import WebSocketMessage
+    from wsproto.frame_protocol import Opcode
+
+    from polarproxy.capture.intercept.addon import Interceptor
+    from polarproxy.capture.store_writer import StoreWriter
+    from polarproxy.store.store import Store
+
+    writer = StoreWriter(Store.open(str(tmp_path / "x.db")))
+    # an episode the store does not hold: begin_call fails, as it would on a full disk or a lost database
+    addon = Interceptor(writer=writer, episode_id="ep_missing", providers=Providers.of([]))
+    flow = tflow.twebsocketflow(messages=False)
+    flow.request.headers["host"] = "api.openai.com"
+    flow.request.path = "/v1/responses"
+    addon.websocket_start(flow)
+
+    async def arrive(from_client: bool, data: dict) -> WebSocketMessage:
+        msg = WebSocketMessage(Opcode.TEXT, from_client, orjson.dumps(data))
+        flow.websocket.messages.append(msg)
+        await addon.websocket_message(flow)
+        return msg
+
+    await arrive(True, {"type": "response.create", "model": "gpt-5", "input": "hi", "stream": True})
+    first = await arrive(False, {"type": "response.created", "response": {"id": "r1", "output": []}})
+    cut = orjson.loads(first.content)
+    assert cut["type"] == "error" and cut["status"] == 502 and "cannot record" in cut["error"]["message"]
+    later = await arrive(False, {"type": "response.output_text.delta", "delta": "unrecorded"})
+    assert later.dropped  # the rest of the unrecorded answer does not reach the client
+    await addon.websocket_end(flow)
+    writer.close()

@@ -26,9 +26,10 @@ from mitmproxy.tls import TlsData
 
 from polarproxy.capture.intercept.providers import Providers
 from polarproxy.capture.intercept.tap import ResponseTap
+from polarproxy.capture.intercept.websocket import SocketRecorder
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.dialects import DialectError
-from polarproxy.dialects.replies import reply_parser
+from polarproxy.dialects.replies import Reply, reply_parser
 from polarproxy.redact import redact_headers, redact_path
 from polarproxy.store.records import CallResult, CallStart
 
@@ -87,6 +88,7 @@ class Interceptor:
         self.providers = providers
         self.resolve = {h.lower(): a for h, a in (resolve or {}).items()}
         self._warned_ws: set[str] = set()
+        self.sockets = SocketRecorder(self)
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -143,16 +145,25 @@ class Interceptor:
         await self.writer.finish_call(call_id, CallResult(status="failed", error=error, ended_at=time.time()))
 
     def websocket_start(self, flow: http.HTTPFlow) -> None:
-        """WebSocket frames are not recorded (Codex's Responses-over-WebSocket): say so once per host."""
+        """A Responses WebSocket to a provider is recorded (websocket.py); any other WebSocket to an
+        intercepted host passes through unrecorded: say so once per host."""
         host, port = _authority(flow.request)
-        if self.providers.intercepts(host, port) and host not in self._warned_ws:
+        if SocketRecorder.records(self, host, port, flow.request.path):
+            self.sockets.start(flow, host, port)
+        elif self.providers.intercepts(host, port) and host not in self._warned_ws:
             self._warned_ws.add(host)
             log.warning(
-                "polarproxy: a WebSocket to %s%s passes through unrecorded (only HTTPS requests are recorded; "
-                "for Codex set supports_websockets = false, see docs/ci-recipe.md)",
+                "polarproxy: a WebSocket to %s%s passes through unrecorded (only the Responses API's "
+                "WebSocket and HTTPS requests are recorded)",
                 host,
                 redact_path(flow.request.path),
             )
+
+    async def websocket_message(self, flow: http.HTTPFlow) -> None:
+        await self.sockets.message(flow)
+
+    async def websocket_end(self, flow: http.HTTPFlow) -> None:
+        await self.sockets.end(flow)
 
     # -- flows ----------------------------------------------------------------------------------
 
@@ -252,13 +263,45 @@ class Interceptor:
         await self._finish(rec, status, msg)
 
     async def _finish(self, rec: _Flow, status: int | None, connection_error: str | None) -> None:
-        now = time.time()
         tap = rec.tap
         reply = tap.close() if tap is not None else None
-        problems = [p for p in (rec.request_problem,) if p]
+        await self.finish_exchange(
+            begun=rec.begun,
+            started=rec.start.started_at,
+            reply=reply,
+            body=tap.text() if tap is not None else None,
+            first_output_at=tap.first_output_at if tap is not None else None,
+            status=status,
+            error_detail=_error_message(bytes(tap.body)) if tap is not None else "",
+            request_problem=rec.request_problem,
+            read_problem=tap.problem if tap is not None else None,
+            connection_error=connection_error,
+            partial=tap is not None and bool(tap.body),
+        )
+
+    async def finish_exchange(
+        self,
+        *,
+        begun: asyncio.Future[tuple[str, int]],
+        started: float,
+        reply: Reply | None,
+        body: str | None,
+        first_output_at: float | None,
+        status: int | None,
+        error_detail: str | None,
+        request_problem: str | None,
+        read_problem: str | None,
+        connection_error: str | None,
+        partial: bool,
+    ) -> None:
+        """Finish a recorded call (an HTTP request or a WebSocket exchange, websocket.py) with its outcome
+        and the reasons: the request did not parse, the answer could not be read (`read_problem`), the
+        connection broke, the provider answered an error. `partial`: keep what a cut-short answer held."""
+        now = time.time()
+        problems = [request_problem] if request_problem else []
         outcome = "ok"
         client_gone = connection_error is not None and "client" in connection_error.lower()
-        if client_gone and reply is not None and reply.complete and tap is not None and not tap.problem:
+        if client_gone and reply is not None and reply.complete and not read_problem:
             # The client had the whole answer (its final event) and hung up before the body's terminator,
             # as SDKs that stop reading at `response.completed` / `message_stop` do: a complete call.
             connection_error = None
@@ -266,35 +309,34 @@ class Interceptor:
             outcome = "aborted" if client_gone else "failed"
             problems.append(f"connection error: {connection_error}")
         if status is not None and status >= 400:
-            detail = _error_message(bytes(tap.body)) if tap is not None else ""
-            problems.append(f"provider error {status}: {detail}" if detail else f"provider error {status}")
-        elif tap is not None and tap.problem:
-            problems.append(tap.problem)
+            problems.append(
+                f"provider error {status}: {error_detail}" if error_detail else f"provider error {status}"
+            )
+        elif read_problem:
+            problems.append(read_problem)
         elif reply is not None and reply.error:
             problems.append(f"the provider reported an error: {reply.error}")
         elif reply is not None and not reply.complete and connection_error is None:
             problems.append("the response ended before its final event")
         if problems and outcome == "ok":
             outcome = "failed"
-        c = reply.completion if reply is not None and (reply.complete or tap.body) else None  # type: ignore[union-attr]
-        started = rec.start.started_at
-        first = tap.first_output_at if tap is not None else None
+        c = reply.completion if reply is not None and (reply.complete or partial) else None
         result = CallResult(
             status=outcome,  # type: ignore[arg-type]
             error="; ".join(problems) or None,
             http_status=status,
-            response_body=tap.text() if tap is not None else None,
+            response_body=body,
             completion=c.to_dict() if c is not None else None,
             finish_reason=c.finish_reason if c is not None and outcome == "ok" else None,
             latency_ms=(now - started) * 1000,
-            ttft_ms=(first - started) * 1000 if first is not None else None,
+            ttft_ms=(first_output_at - started) * 1000 if first_output_at is not None else None,
             ended_at=now,
             prompt_tokens=c.usage.prompt_tokens if c is not None and reply and reply.usage_reported else None,
             completion_tokens=(
                 c.usage.completion_tokens if c is not None and reply and reply.usage_reported else None
             ),
         )
-        call_id, _ = await rec.begun
+        call_id, _ = await begun
         try:
             await self.writer.finish_call(call_id, result)
         except Exception:

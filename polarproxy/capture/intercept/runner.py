@@ -20,12 +20,10 @@ from polarproxy.capture.intercept.ca import ensure_ca
 from polarproxy.capture.intercept.env import intercept_env, write_bundles
 from polarproxy.capture.intercept.providers import Providers
 from polarproxy.capture.intercept.proxy import start_intercept_proxy
+from polarproxy.capture.recording import create_recorded_episode, open_recording_store
 from polarproxy.capture.runner import RecordOutcome
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
-from polarproxy.redact import redact_argv
-from polarproxy.store.records import EpisodeStart
-from polarproxy.store.store import Store
 
 
 @dataclass
@@ -76,23 +74,15 @@ async def record_intercept(
             f"--upstream-ca {cfg.upstream_ca} is not a file.", hint="Pass a PEM file with the CA certificate."
         )
     ca = ensure_ca(cfg.ca_dir)
-    try:
-        store = Store.open(cfg.db)
-    except Exception as e:
-        raise UsageError(
-            f"Cannot open the store '{cfg.db or 'default'}': {e}",
-            hint="Pass --db PATH to a writable file, or set POLARPROXY_DB.",
-        ) from e
+    store = open_recording_store(cfg.db)  # refused before the harness runs when it takes no writes
     writer = StoreWriter(store)
-    episode_id = await writer.create_episode(
-        EpisodeStart(
-            command=redact_argv(command),  # T5: a key passed on the command line is never stored
-            harness=cfg.harness,
-            cwd=os.getcwd(),
-            task=cfg.task,
-            group_id=cfg.group_id,
-            metadata={"mode": "intercept", **cfg.metadata},
-        )
+    episode_id = await create_recorded_episode(
+        writer,
+        command,
+        harness=cfg.harness,
+        task=cfg.task,
+        group_id=cfg.group_id,
+        metadata={"mode": "intercept", **cfg.metadata},
     )
     try:
         proxy = await start_intercept_proxy(
