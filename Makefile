@@ -100,6 +100,7 @@ bench: $(STAMP)
 	$(PY) bench/render_prefix.py --json bench/results/render-prefix-latest.json
 	$(PY) bench/fidelity_ablation.py --json bench/results/fidelity-latest.json
 	$(PY) bench/train_step.py --json bench/results/train-step-latest.json
+	$(PY) bench/rollout_throughput.py --json bench/results/rollout-latest.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check polarproxy tests examples bench addons

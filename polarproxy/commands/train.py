@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from polarproxy.commands.support import fail, print_json, usage_fail
 
+if TYPE_CHECKING:
+    from polarproxy.train.config import TrainConfig
+    from polarproxy.train.follow import FollowConfig
+
 _OPTS = "Loss"
 _RUN = "Run"
+_FOLLOW = "Follow a gateway"
 
 
 def train_command(
-    data: Annotated[
-        list[Path],
-        typer.Option(
-            "--data",
-            help="Export file (JSONL or .parquet, from `polarproxy export --advantages grpo`); repeat for more.",
-        ),
-    ],
     model: Annotated[Path, typer.Option("--model", help="Model folder to start from (transformers format).")],
     out: Annotated[
         Path, typer.Option("--out", help="Folder for checkpoints (OUT/step-N) and metrics.jsonl.")
     ],
+    data: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--data",
+            help="Export file (JSONL or .parquet, from `polarproxy export --advantages grpo`); repeat for more.",
+        ),
+    ] = None,
     steps: Annotated[
         int | None, typer.Option(help="Optimizer steps (default: one pass over the rows).")
     ] = None,
@@ -129,9 +135,49 @@ def train_command(
     sync_timeout: Annotated[
         float, typer.Option("--sync-timeout", help="Seconds each sync request may take.")
     ] = 600.0,
+    follow: Annotated[
+        str | None,
+        typer.Option(
+            "--follow",
+            help="Instead of --data: train on whole groups from this running `polarproxy serve`'s trajectory "
+            "stream as they land, until Ctrl-C (or --steps).",
+            rich_help_panel=_FOLLOW,
+        ),
+    ] = None,
+    control_token: Annotated[
+        str | None,
+        typer.Option(
+            "--control-token",
+            envvar="POLARPROXY_CONTROL_TOKEN",
+            help="The control token of --follow's gateway (never printed).",
+            rich_help_panel=_FOLLOW,
+        ),
+    ] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            "--max-staleness",
+            help="With --follow: drop (and count) rows more than K weight versions older than the trainer's "
+            "(default 1).",
+            rich_help_panel=_FOLLOW,
+        ),
+    ] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="With --follow: per-request (default) | prefix-merge rows.", rich_help_panel=_FOLLOW
+        ),
+    ] = None,
+    advantages: Annotated[
+        str | None,
+        typer.Option(
+            help="With --follow: grpo (default) | rloo, computed by the gateway.", rich_help_panel=_FOLLOW
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Train a model with GRPO on exported rows; write checkpoints and metrics."""
+    """Train a model with GRPO on exported rows (or, with --follow, on a gateway's stream); write checkpoints
+    and metrics."""
     from polarproxy.train.config import TrainConfig
 
     cfg = TrainConfig(
@@ -173,7 +219,20 @@ def train_command(
             f"Unknown --sync-kind {sync_kind!r}. Must be one of {', '.join(map(repr, SYNC_KINDS))}.",
             "See `polarproxy train --help`.",
         )
-    for path in data:
+    if (follow is None) == (not data):
+        usage_fail(
+            "Pass either --data FILE (export files) or --follow URL (a running gateway), not both or neither.",
+            "See `polarproxy train --help`.",
+        )
+    if follow is None and (max_staleness, strategy, advantages) != (None, None, None):
+        usage_fail(
+            "--max-staleness, --strategy and --advantages go with --follow.", "See `polarproxy train --help`."
+        )
+    if follow is not None and not control_token:
+        usage_fail(
+            "--follow needs --control-token (or POLARPROXY_CONTROL_TOKEN).", "See `polarproxy train --help`."
+        )
+    for path in data or []:
         if not path.is_file():
             fail(
                 f"Data file '{path}' does not exist.",
@@ -185,6 +244,28 @@ def train_command(
             "Pass a transformers model folder to --model.",
         )
 
+    if follow is not None:
+        from polarproxy.train.follow import FollowConfig
+
+        fcfg = FollowConfig(
+            url=follow,
+            token=control_token,
+            max_staleness=1 if max_staleness is None else max_staleness,
+            strategy=strategy or "per-request",
+            advantages=advantages or "grpo",
+            sync_url=sync,
+            sync_kind=sync_kind,
+            sync_pause=sync_pause,
+            sync_timeout=sync_timeout,
+            sync_api_key=os.environ.get("POLARPROXY_SYNC_API_KEY"),
+        )
+        try:
+            fcfg.check(cfg)
+        except ValueError as e:
+            usage_fail(str(e), "See `polarproxy train --help`.")
+        _follow(model, out, cfg, fcfg, json_out=json_out)
+        return
+    assert data is not None
     from polarproxy.train.data import DataError, load_samples
     from polarproxy.train.loop import TrainError, train
     from polarproxy.train.metrics import RichProgress
@@ -206,8 +287,6 @@ def train_command(
         from polarproxy.train.sync import SyncError, sync_weights
 
         try:
-            import os
-
             synced = sync_weights(
                 sync,
                 result.checkpoint,
@@ -237,5 +316,58 @@ def train_command(
         typer.echo(
             f"trained {result.steps_run} step(s) to step {result.step}; checkpoint {result.checkpoint} "
             f"(weight version {result.weight_version})",
+            err=True,
+        )
+
+
+def _follow(model: Path, out: Path, cfg: TrainConfig, fcfg: FollowConfig, *, json_out: bool) -> None:
+    """`train --follow`: steps as groups land, a line per step on stderr, a summary at Ctrl-C."""
+    import threading
+
+    from polarproxy.train.data import DataError
+    from polarproxy.train.follow import FollowError, follow, stop_on_signals
+    from polarproxy.train.loop import TrainError
+    from polarproxy.train.sync import display_url
+
+    def ready() -> None:
+        typer.echo(
+            f"following {display_url(fcfg.url)} (whole groups, {fcfg.advantages} advantages, "
+            f"max staleness {fcfg.max_staleness}); Ctrl-C stops after the step in flight",
+            err=True,
+        )
+
+    def step(m: dict) -> None:
+        synced = f", synced {m['synced_version']}" if m.get("synced_version") else ""
+        typer.echo(
+            f"step {m['step']}: {m['rows']} rows, loss {m['loss']:.4f}, staleness max {m['staleness_max']}, "
+            f"{m['rows_dropped_stale']} stale rows dropped so far{synced}",
+            err=True,
+        )
+
+    def stopping(_signum: int) -> None:
+        typer.echo("stopping after the step in flight ...", err=True)
+
+    stop = threading.Event()
+    try:
+        with stop_on_signals(stop, stopping):
+            result = follow(model, out, cfg, fcfg, stop=stop, progress=step, on_ready=ready)
+    except FollowError as e:
+        done = e.result
+        kept = (
+            f" Trained {done.steps} step(s); the last checkpoint is {done.checkpoint}."
+            if done and done.checkpoint
+            else ""
+        )
+        fail(str(e), (e.hint or "") + kept)
+    except (DataError, TrainError) as e:
+        fail(str(e))
+    summary = result.summary()
+    if json_out:
+        print_json(summary)
+    else:
+        typer.echo(
+            f"trained {result.steps} step(s) to step {result.step} on {result.rows_trained} rows; "
+            f"{result.rows_dropped_stale} stale rows dropped, {result.rows_pending} pending; checkpoint "
+            f"{result.checkpoint} (weight version {result.weight_version})",
             err=True,
         )

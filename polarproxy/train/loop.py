@@ -98,77 +98,85 @@ def _staleness(samples: Sequence[Sample], trained_version: int) -> tuple[float |
     return sum(ages) / len(ages), max(ages)
 
 
-def train(
-    rows: Iterable[dict[str, Any]] | Sequence[Sample],
-    model_dir: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    cfg: TrainConfig | None = None,
-    *,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-) -> TrainResult:
-    """Train on export rows (dicts, or `Sample`s) starting from `model_dir` (or, with cfg.resume, from the
-    last checkpoint in `out_dir`); write checkpoints and metrics under `out_dir`. `progress(metrics)` is
-    called after each step. Raises DataError (bad rows) or TrainError (bad setup)."""
-    import torch
+class Trainer:
+    """A model, its optimizer and its loss settings, ready to take optimizer steps: `train` runs a plan of
+    steps with it, and `polarproxy train --follow` (follow.py) one step per batch as rows land. Starts from
+    `model_dir` (or, with cfg.resume, from the last checkpoint in `out_dir`). `step` is the global step
+    reached, which is also the weight version of the current weights; `saved` the last checkpoint folder
+    (`model_dir` before any)."""
 
-    from polarproxy.train import checkpoint as ckpt
-    from polarproxy.train.batching import micro_batches, plan_steps
-    from polarproxy.train.logprobs import batch_logprobs, decoder_and_head, hidden_states
-    from polarproxy.train.loss import LossSettings, grpo_loss
-    from polarproxy.train.metrics import MetricsLog
+    def __init__(
+        self, model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], cfg: TrainConfig
+    ) -> None:
+        import torch
 
-    cfg = cfg or TrainConfig()
-    cfg.check()
-    rows = list(rows)
-    samples = rows if rows and isinstance(rows[0], Sample) else samples_from_rows(rows)  # type: ignore[arg-type]
-    out = Path(out_dir)
-    device = _device(cfg)
-    torch.manual_seed(cfg.seed)
+        from polarproxy.train import checkpoint as ckpt
+        from polarproxy.train.logprobs import decoder_and_head
+        from polarproxy.train.loss import LossSettings
+        from polarproxy.train.metrics import MetricsLog
 
-    latest = ckpt.latest_checkpoint(out)
-    if latest and not cfg.resume:
-        raise TrainError(
-            f"'{out}' already holds checkpoints up to step-{latest[0]}. Pass --resume to continue from it, "
-            "or a new --out folder."
+        cfg.check()
+        self.cfg = cfg
+        self.out = out = Path(out_dir)
+        self.device = device = _device(cfg)
+        torch.manual_seed(cfg.seed)
+
+        latest = ckpt.latest_checkpoint(out)
+        if latest and not cfg.resume:
+            raise TrainError(
+                f"'{out}' already holds checkpoints up to step-{latest[0]}. Pass --resume to continue from "
+                "it, or a new --out folder."
+            )
+        self.start_dir = latest[1] if latest else Path(model_dir)
+        self.step = latest[0] if latest else ckpt.read_version(model_dir)
+        self.model = model = load_model(self.start_dir, device)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.ref_model = None
+        if cfg.kl_coef:
+            self.ref_model = load_model(cfg.ref_model or model_dir, device, trainable=False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            foreach=device.type == "cuda",
         )
-    start_dir = latest[1] if latest else Path(model_dir)
-    start_step = latest[0] if latest else ckpt.read_version(model_dir)
-    model = load_model(start_dir, device)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ref_model = None
-    if cfg.kl_coef:
-        ref_model = load_model(cfg.ref_model or model_dir, device, trainable=False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=device.type == "cuda"
-    )
-    if latest:
-        state = ckpt.load_trainer_state(latest[1])
-        if state is not None:
-            optimizer.load_state_dict(state["optimizer"])
+        if latest:
+            state = ckpt.load_trainer_state(latest[1])
+            if state is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+        self.settings = LossSettings(
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            dual_clip=cfg.dual_clip,
+            tis_cap=cfg.tis_cap,
+            importance_level=cfg.importance_level,
+            kl_coef=cfg.kl_coef,
+        )
+        self.fused = _fused_loss(cfg, device)
+        self.metrics_log = MetricsLog(out)
+        _decoder, self.head = decoder_and_head(model)
+        self.saved = latest[1] if latest else Path(model_dir)
+        self.meta = {"base_model": str(Path(model_dir).resolve()), "config": cfg.to_json()}
 
-    plan = plan_steps(samples, cfg.rows_per_step, cfg.steps, seed=cfg.seed + start_step, shuffle=cfg.shuffle)
-    last_step = start_step + len(plan)
-    horizon = cfg.schedule_steps or last_step
-    settings = LossSettings(
-        clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high,
-        dual_clip=cfg.dual_clip,
-        tis_cap=cfg.tis_cap,
-        importance_level=cfg.importance_level,
-        kl_coef=cfg.kl_coef,
-    )
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.bf16)
-    fused = _fused_loss(cfg, device)
-    metrics_log = MetricsLog(out)
-    _decoder, head = decoder_and_head(model)
-    history: list[dict[str, Any]] = []
-    saved = latest[1] if latest else Path(model_dir)
-    meta = {"base_model": str(Path(model_dir).resolve()), "config": cfg.to_json()}
+    def run_step(self, samples: Sequence[Sample], step_rows: Sequence[int], horizon: int) -> dict[str, Any]:
+        """One optimizer step on `samples[i] for i in step_rows` (global step `self.step + 1`, learning rate
+        of the schedule ending at `horizon`); advances `self.step` and returns the step's metrics. Neither
+        saves nor writes the metrics (`save`, `metrics_log`)."""
+        import torch
 
-    for k, step_rows in enumerate(plan):
-        step = start_step + k + 1
+        from polarproxy.train.batching import micro_batches
+        from polarproxy.train.logprobs import batch_logprobs, hidden_states
+        from polarproxy.train.loss import grpo_loss
+
+        cfg, device, model, ref_model, fused = self.cfg, self.device, self.model, self.ref_model, self.fused
+        optimizer, settings, head = self.optimizer, self.settings, self.head
+        autocast = torch.autocast(
+            device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and cfg.bf16
+        )
+        step = self.step + 1
         t0 = time.perf_counter()
         lr = lr_at(step, cfg, horizon)
         for g in optimizer.param_groups:
@@ -202,7 +210,7 @@ def train(
             sums["entropy_sum"] += float(entropy.sum())
             sums["run_tokens"] += mb.tokens
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if math.isfinite(grad_norm):
             optimizer.step()
         else:
@@ -210,12 +218,13 @@ def train(
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        self.step = step
 
         chosen = [samples[i] for i in step_rows]
         staleness, staleness_max = _staleness(chosen, step - 1)
         rewards = [s.reward for s in chosen if s.reward is not None]
         n = max(sums["tokens"], 1.0)
-        m = {
+        return {
             "step": step,
             "loss": sums["loss"],
             "clip_frac": sums["clipped"] / n,
@@ -238,14 +247,56 @@ def train(
             "tis_capped_frac": sums["tis_capped"] / n if cfg.tis_cap is not None else None,
             "advantage_mean": sum(s.advantage for s in chosen) / len(chosen),
         }
+
+    def save(self, extra_meta: dict[str, Any] | None = None) -> Path:
+        """Write OUT/step-{self.step}/ (weights, optimizer state, polarproxy.json with `extra_meta`)."""
+        from polarproxy.train import checkpoint as ckpt
+
+        meta = self.meta | (extra_meta or {})
+        self.saved = ckpt.save_checkpoint(
+            self.model, self.start_dir, self.out, self.step, optimizer=self.optimizer, meta=meta
+        )
+        return self.saved
+
+
+def train(
+    rows: Iterable[dict[str, Any]] | Sequence[Sample],
+    model_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    cfg: TrainConfig | None = None,
+    *,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train on export rows (dicts, or `Sample`s) starting from `model_dir` (or, with cfg.resume, from the
+    last checkpoint in `out_dir`); write checkpoints and metrics under `out_dir`. `progress(metrics)` is
+    called after each step. Raises DataError (bad rows) or TrainError (bad setup)."""
+    from polarproxy.train.batching import plan_steps
+
+    cfg = cfg or TrainConfig()
+    cfg.check()
+    rows = list(rows)
+    samples = rows if rows and isinstance(rows[0], Sample) else samples_from_rows(rows)  # type: ignore[arg-type]
+    trainer = Trainer(model_dir, out_dir, cfg)
+    start_step = trainer.step
+    plan = plan_steps(samples, cfg.rows_per_step, cfg.steps, seed=cfg.seed + start_step, shuffle=cfg.shuffle)
+    last_step = start_step + len(plan)
+    horizon = cfg.schedule_steps or last_step
+    history: list[dict[str, Any]] = []
+    for step_rows in plan:
+        m = trainer.run_step(samples, step_rows, horizon)  # type: ignore[arg-type]
+        step = trainer.step
         if step == last_step or (cfg.save_every and step % cfg.save_every == 0):
-            saved = ckpt.save_checkpoint(model, start_dir, out, step, optimizer=optimizer, meta=meta)
-        metrics_log.write(m)
+            trainer.save()
+        trainer.metrics_log.write(m)
         history.append(m)
         if progress is not None:
             progress(m)
     return TrainResult(
-        checkpoint=saved, weight_version=str(last_step), step=last_step, steps_run=len(plan), metrics=history
+        checkpoint=trainer.saved,
+        weight_version=str(last_step),
+        step=last_step,
+        steps_run=len(plan),
+        metrics=history,
     )
 
 
