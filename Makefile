@@ -33,7 +33,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[torch,test]'
+	$(PY) -m pip install -q -e '.[torch,test,ray]'
 	@touch $@
 
 install: $(STAMP)

@@ -110,6 +110,12 @@ def test_usage_errors_exit_2_and_list_the_choices():
     assert r.exit_code == 2 and "--format sft" in r.output
 
 
+def test_error_messages_print_values_as_given_without_emoji_codes(tmp_path):
+    """rich would turn `:x:` in a value into an emoji; an error must name the value the user typed."""
+    r = CliRunner().invoke(app, ["export", "--out", str(tmp_path / "a:x:b" / "out.jsonl")])
+    assert r.exit_code == 1 and "a:x:b" in r.stderr and "\u274c" not in r.stderr
+
+
 def test_a_mistyped_record_option_is_refused_not_taken_for_the_command():
     r = CliRunner().invoke(app, ["record", "--tsak", "foo", "--", "true"])
     assert r.exit_code == 2 and "--tsak" in r.output
@@ -120,3 +126,20 @@ def test_a_backend_url_without_a_scheme_is_an_error_naming_the_fix(tmp_path):
         app, ["record", "--backend", "localhost:30000", "--model", str(tmp_path), "--", "true"]
     )
     assert r.exit_code == 1 and "http://localhost:30000" in r.stderr and "Traceback" not in r.output
+
+
+def test_help_the_rollout_help_and_the_proxy_addon_import_no_ray():
+    """Ray is the `ray` extra of `rollout --ray` only (rollout/ray_runner.py imports it when it runs)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from typer.testing import CliRunner; from polarproxy.cli import app;"
+        "import polarproxy.capture.addon, polarproxy.rollout.ray_runner;"
+        "assert CliRunner().invoke(app, ['--help']).exit_code == 0;"
+        "r = CliRunner().invoke(app, ['rollout', '--help']); assert r.exit_code == 0 and '--ray' in r.output;"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout

@@ -57,4 +57,4 @@ def audit(
 
     from polarproxy.audit.view import print_report
 
-    print_report(Console(), report)
+    print_report(Console(emoji=False), report)

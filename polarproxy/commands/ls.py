@@ -57,4 +57,4 @@ def list_episodes(
         return
     from rich.console import Console
 
-    Console().print(episodes_table(episodes, total))
+    Console(emoji=False).print(episodes_table(episodes, total))

@@ -98,6 +98,14 @@ def rollout(
         Path | None, typer.Option(help="Keep each episode's folder (workspace, HOME, logs) here.")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Spread the episodes over a Ray cluster: local:N (N nodes on loopback) or 127.0.0.1:PORT; "
+            "a gateway per node, all recording into the PostgreSQL --db.",
+        ),
+    ] = None,
 ) -> None:
     """Run every task of TASKS G times through the gateway: prewarm, execute (sandboxed), evaluate, reconstruct."""
     from polarproxy.errors import PolarproxyError
@@ -123,6 +131,7 @@ def rollout(
         )
     if serve is not None and not control_token:
         usage_fail("--serve needs --control-token (or POLARPROXY_CONTROL_TOKEN).")
+    ray_target = _ray_target(ray, serve, db)
     if isolation in (Isolation.docker, Isolation.apptainer) and not image:
         usage_fail(f"--isolation {isolation.value} needs --image.")
     try:
@@ -168,6 +177,7 @@ def rollout(
             timeouts=(setup_timeout, timeout, verify_timeout),
             db=db,
             progress=not json_out and sys.stderr.isatty(),
+            ray=ray_target,
         )
     except PolarproxyError as e:
         fail(e.message, e.hint)
@@ -176,6 +186,23 @@ def rollout(
     else:
         _print_summary(summary)
     raise typer.Exit(0 if ok else 1)
+
+
+def _ray_target(ray: str | None, serve: str | None, db: str | None) -> Any:
+    """--ray's target (rollout/ray_runner.py, which imports Ray only when it runs), or a usage error."""
+    if ray is None:
+        return None
+    from polarproxy.errors import UsageError
+    from polarproxy.rollout.ray_runner import check_db, parse_target
+
+    if serve is not None:
+        usage_fail("--ray and --serve exclude each other.", "Each Ray node starts a gateway of its own.")
+    try:
+        target = parse_target(ray)
+        check_db(db)
+    except UsageError as e:
+        usage_fail(e.message, e.hint)
+    return target
 
 
 def _preset(harness: str | None) -> Any:
@@ -208,6 +235,7 @@ def run_rollout(
     timeouts: tuple[float, float, float],
     db: str | None,
     progress: bool,
+    ray: Any = None,
 ) -> tuple[dict[str, Any], bool]:
     """Start (or reach) the gateway, run the plan, return (summary, whether every episode finished)."""
     import tempfile
@@ -221,6 +249,43 @@ def run_rollout(
         f"polarproxy: rollout {rid}: {len(task_list)} tasks x {samples} samples, isolation {runner.name}",
         err=True,
     )
+    if ray is not None:
+        from polarproxy.rollout.ray_runner import NodeSpec, run_on_ray
+
+        hidden = [t.tests for t in task_list if t.tests is not None]
+        template = Settings(  # each node puts its own gateway in `episodes`
+            rollout_id=rid,
+            episodes=None,  # type: ignore[arg-type]
+            runner=runner,
+            command=command,
+            preset=preset,
+            api=api,
+            model_name=model_name,
+            harness=preset.name if preset is not None else None,
+            hidden=hidden + ([workdir.resolve()] if workdir is not None else []),
+            image=image,
+            reward_from=reward_from,
+            setup_timeout_s=timeouts[0],
+            execute_timeout_s=timeouts[1],
+            verify_timeout_s=timeouts[2],
+        )
+        spec = NodeSpec(cfg, template, concurrency, workdir=workdir.resolve() if workdir else None)
+        bars = _Display(len(task_list) * samples) if progress else None
+        try:
+            out = run_on_ray(
+                task_list,
+                target=ray,
+                spec=spec,
+                db=str(db),
+                samples=samples,
+                min_samples=min_samples,
+                resume=resume,
+                on_job=(lambda job, node: [bars.advance(st, job) for st in job.ended]) if bars else None,
+            )
+        finally:
+            if bars is not None:
+                bars.close()
+        return out, all(e["state"] != "failed" for e in out["episodes"])
     if cfg is not None:
         cfg.metadata["rollout_id"] = rid
         episodes: Any = LocalGateway(cfg)
@@ -288,7 +353,7 @@ class _Display:
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            console=Console(stderr=True),
+            console=Console(stderr=True, emoji=False),
         )
         self.ids = {st: self.progress.add_task(st, total=total) for st in STAGES}
         self.progress.start()

@@ -71,7 +71,7 @@ def show(
     from rich.console import Console
 
     render_episode(
-        Console(),
+        Console(emoji=False),
         ep,
         calls,
         show_tokens=tokens,

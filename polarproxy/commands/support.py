@@ -39,7 +39,7 @@ def usage_fail(message: str, hint: str | None = None) -> NoReturn:
 def _error(message: str, hint: str | None, *, code: int) -> NoReturn:
     from rich.console import Console
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, emoji=False)
     err.print(f"[bold red]Error:[/] {safe_text(message)}", markup=True, soft_wrap=True)
     if hint:
         err.print(safe_text(hint), style="dim", markup=False, soft_wrap=True)

@@ -53,14 +53,55 @@ def done_pairs(settings: Settings, tasks: list[Task]) -> dict[tuple[str, int], A
     return done
 
 
+def plan_jobs(plan: Plan, settings: Settings, scratch: Path) -> list[Job]:
+    """A job per (task, sample); with --resume the pairs an earlier run finished are `skipped` (and with
+    --min-samples, the rest of a group accepted then are `aborted`). Refuses a rollout ID already in the
+    store without --resume."""
+    finished = done_pairs(settings, plan.tasks) if plan.resume else {}
+    if not plan.resume:
+        groups = sorted({group_id(settings, t) for t in plan.tasks})
+        if settings.episodes.prior(settings.rollout_id, groups):
+            raise UsageError(
+                f"Rollout {settings.rollout_id} already has episodes in the store.",
+                hint="Pass --resume to run only its unfinished (task, sample) pairs, or another --rollout-id.",
+            )
+    jobs: list[Job] = []
+    for task in plan.tasks:
+        for i in range(plan.samples):
+            job = Job(task=task, sample=i, dir=scratch / task.id / str(i))
+            prior = finished.get(job.key)
+            if prior is not None:
+                job.state, job.reward = "skipped", prior.reward
+                job.episode = None
+                job.reason = f"finished in an earlier run (episode {prior.episode_id})"
+            jobs.append(job)
+    if plan.min_samples is not None:  # a group accepted in an earlier run stays accepted
+        groups_of: dict[str, list[Job]] = {}
+        for j in jobs:
+            groups_of.setdefault(j.task.id, []).append(j)
+        for group in groups_of.values():
+            if sum(j.state == "skipped" for j in group) >= plan.min_samples:
+                for j in group:
+                    if j.state == "pending":
+                        j.state, j.reason = "aborted", "the group was accepted in an earlier run"
+    return jobs
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
 class Rollout:
-    def __init__(self, plan: Plan, settings: Settings, on_progress: Callable[[str, Job], None] | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        settings: Settings,
+        on_progress: Callable[[str, Job], None] | None = None,
+        on_end: Callable[[Job], None] | None = None,
+    ):
         self.plan, self.s = plan, settings
         self.on_progress = on_progress or (lambda stage, job: None)
+        self.on_end = on_end or (lambda job: None)  # a job reached its end state (after its episode's end)
         self.lock = threading.Lock()
         self.all_done = threading.Event()
         self.pending = 0
@@ -71,40 +112,10 @@ class Rollout:
         self.pools = {st: ThreadPoolExecutor(sizes[st], thread_name_prefix=f"rollout-{st}") for st in STAGES}
         self.jobs: list[Job] = []
 
-    def _any_prior(self) -> bool:
-        groups = sorted({group_id(self.s, t) for t in self.plan.tasks})
-        return bool(self.s.episodes.prior(self.s.rollout_id, groups))
-
-    def _groups(self) -> dict[str, list[Job]]:
-        groups: dict[str, list[Job]] = {}
-        for j in self.jobs:
-            groups.setdefault(j.task.id, []).append(j)
-        return groups
-
     def run(self) -> list[Job]:
         plan = self.plan
         scratch = plan.scratch or Path(tempfile.mkdtemp(prefix=f"polarproxy-{self.s.rollout_id}-"))
-        finished = done_pairs(self.s, plan.tasks) if plan.resume else {}
-        if not plan.resume and self._any_prior():
-            raise UsageError(
-                f"Rollout {self.s.rollout_id} already has episodes in the store.",
-                hint="Pass --resume to run only its unfinished (task, sample) pairs, or another --rollout-id.",
-            )
-        for task in plan.tasks:
-            for i in range(plan.samples):
-                job = Job(task=task, sample=i, dir=scratch / task.id / str(i))
-                prior = finished.get(job.key)
-                if prior is not None:
-                    job.state, job.reward = "skipped", prior.reward
-                    job.episode = None
-                    job.reason = f"finished in an earlier run (episode {prior.episode_id})"
-                self.jobs.append(job)
-        if plan.min_samples is not None:  # a group accepted in an earlier run stays accepted
-            for group in self._groups().values():
-                if sum(j.state == "skipped" for j in group) >= plan.min_samples:
-                    for j in group:
-                        if j.state == "pending":
-                            j.state, j.reason = "aborted", "the group was accepted in an earlier run"
+        self.jobs = plan_jobs(plan, self.s, scratch)
         todo = [j for j in self.jobs if j.state == "pending"]
         self.pending = len(todo)
         if not todo:
@@ -129,6 +140,18 @@ class Rollout:
             if not self.s.keep and plan.scratch is None:
                 shutil.rmtree(scratch, ignore_errors=True)
         return self.jobs
+
+    def start(self, job: Job) -> None:
+        """Run one more job through the stages, outside `run()` (a Ray node's runner gets its jobs one at a
+        time, ray_runner.py); `on_end` tells when it is over. `close()` when no more will come."""
+        with self.lock:
+            self.jobs.append(job)
+            self.pending += 1
+        self._submit("prewarm", job)
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown(wait=True, cancel_futures=False)
 
     def _submit(self, stage: str, job: Job) -> None:
         job.queued[stage] = time.monotonic()
@@ -182,6 +205,7 @@ class Rollout:
             self.pending -= 1
             left = self.pending
         self._finish_episode(job)
+        self.on_end(job)
         if left == 0:
             self.all_done.set()
 

@@ -98,6 +98,7 @@ class Settings:
     execute_timeout_s: float = 1800.0  # a task's timeout_s overrides it
     verify_timeout_s: float = 600.0
     keep: bool = False  # keep each episode's folder (workspace, home, logs)
+    metadata: dict[str, str] = field(default_factory=dict)  # stored with every episode (a Ray node's ID)
 
 
 def group_id(s: Settings, task: Task) -> str:
@@ -183,7 +184,7 @@ def execute(job: Job, s: Settings) -> None:
         task=job.task.id,
         group=group_id(s, job.task),
         harness=s.harness,
-        metadata={**job.task.metadata, **metadata},
+        metadata={**job.task.metadata, **s.metadata, **metadata},
     )
     job.episode = handle
     env = episode_env(job, s, handle)
