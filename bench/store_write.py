@@ -5,9 +5,11 @@ by side in one run.
 
 - **write**: W writer processes, each the proxy's own writer (StoreWriter: one thread, group commit) with
   E concurrent agent-like episodes (each call: begin_call with a prompt that extends the previous call by
-  its output and new tokens, then finish_call), into one database. 1 concurrent episode (1 writer), 32
-  (4 writers x 8) and 128 (4 writers x 32, issue 12's target shape). Reported: calls/s and tokens/s (prompt
-  + output tokens of the calls written).
+  its output and new tokens, then finish_call), into one database. Shapes W x E: 1x1 (one serial episode),
+  4x8, 4x32 (issue 12's target shape) and 1x32 (one writer of a fleet node). Reported: calls/s, tokens/s
+  (prompt + output tokens of the calls written), the writer processes' CPU per call and the writer
+  threads' own. The synthetic agents' calls are made before the clock starts, so the CPU figures are the
+  store path's (the writer thread, the asyncio side of awaiting it), not the test harness's.
 - **storage**: one 100-turn episode stored linearly (each call stores only the tokens it adds) and whole
   (every prompt in full, as before issue 5): token-array bytes and the whole database size, each per
   distinct token, against the raw size of the distinct tokens (4 bytes per ID).
@@ -82,6 +84,7 @@ class Agent:
     def start(self, episode_id: str) -> CallStart:
         self.messages.append({"role": "user", "content": _text(self.rng, self.new_tokens)})
         body = json.dumps({"model": "m", "messages": self.messages})
+        conversation = {"messages": list(self.messages), "tools": []}  # a snapshot: later turns append
         return CallStart(
             episode_id=episode_id,
             dialect="openai_chat",
@@ -91,7 +94,7 @@ class Agent:
             stream=True,
             request_headers={"content-type": "application/json"},
             request_body=body,
-            conversation={"messages": self.messages, "tools": []},
+            conversation=conversation,
             prompt_ids=list(self.prompt),
             render_mode="extended" if self.prev else "fresh",
             extended_from=self.prev,
@@ -115,31 +118,48 @@ class Agent:
         )
 
 
+def _workload(seed: int, episodes: int, calls: int) -> list[list[tuple[CallStart, CallResult, int]]]:
+    """Each episode's calls, made ahead: (start with a placeholder episode and base, result, tokens)."""
+    work = []
+    for i in range(episodes):
+        agent, ep = Agent(seed * 1000 + i), []
+        for k in range(calls):
+            start = agent.start("")
+            tokens = len(agent.prompt)
+            result = agent.result(f"call-{k}")
+            ep.append((start, result, tokens + len(result.output_ids)))
+        work.append(ep)
+    return work
+
+
 def _writer_process(url: str, episodes: int, calls: int, seed: int, ready: Any, start: Any, out: Any) -> None:
+    from dataclasses import replace
+
     from polarproxy.capture.store_writer import StoreWriter
 
     store = Store.open(url)
     writer = StoreWriter(store)
+    work = _workload(seed, episodes, calls)
     ready.put(seed)
 
-    async def episode(i: int) -> int:
+    async def episode(calls: list[tuple[CallStart, CallResult, int]]) -> int:
         eid = await writer.create_episode(EpisodeStart(command=["bench"]))
-        agent, tokens = Agent(seed * 1000 + i), 0
-        for _ in range(calls):
-            cid, _ = await writer.begin_call(agent.start(eid))
-            tokens += len(agent.prompt)
-            result = agent.result(cid)
+        prev: str | None = None
+        for start, result, _ in calls:
+            cid, _ = await writer.begin_call(replace(start, episode_id=eid, extended_from=prev))
             await writer.finish_call(cid, result)
-            tokens += len(result.output_ids)
-        return tokens
+            prev = cid
+        return sum(t for _, _, t in calls)
 
     async def main() -> int:
-        return sum(await asyncio.gather(*(episode(i) for i in range(episodes))))
+        return sum(await asyncio.gather(*(episode(ep) for ep in work)))
 
     start.wait()
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    clock = time.pthread_getcpuclockid(writer._thread.ident or 0)
+    t0, cpu0, thread0 = time.perf_counter(), time.process_time(), time.clock_gettime(clock)
     tokens = asyncio.run(main())
-    out.put((time.perf_counter() - t0, tokens, time.process_time() - cpu0))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    out.put((wall, tokens, cpu, time.clock_gettime(clock) - thread0))
     writer.close()
     store.close()
 
@@ -166,14 +186,15 @@ def bench_write(url: str, writers: int, episodes_each: int, calls: int) -> dict[
     wall = max(wall, max(r[0] for r in results))
     return {
         "writers": writers,
+        "episodes_per_writer": episodes_each,
         "concurrent_episodes": writers * episodes_each,
         "calls": n,
         "seconds": round(wall, 3),
         "calls_per_s": round(n / wall, 1),
         "tokens_per_s": round(sum(r[1] for r in results) / wall, 1),
-        "writer_cpu_ms_per_call": round(
-            1000 * sum(r[2] for r in results) / n, 2
-        ),  # the database's own not counted
+        # the writer processes' CPU (the database server's not counted), and their writer threads' alone
+        "writer_cpu_ms_per_call": round(1000 * sum(r[2] for r in results) / n, 3),
+        "writer_thread_cpu_ms_per_call": round(1000 * sum(r[3] for r in results) / n, 3),
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
 
@@ -294,8 +315,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--write-only", action="store_true", help="only the write figures (no storage/read)")
+    ap.add_argument("--calls", type=int, help="calls per episode of the 4x8 shape (others scale from it)")
     args = ap.parse_args()
     calls, turns = (4, 12) if args.quick else (20, 100)
+    calls = args.calls or calls
     tmp = Path(tempfile.mkdtemp(prefix="polarproxy-bench-"))
     admin, cluster = _pg_admin()
     results: dict[str, Any] = {"write": {}, "storage": {}, "cpus": os.cpu_count(), "quick": args.quick}
@@ -304,11 +328,14 @@ def main() -> None:
         if admin:
             backends["postgresql"] = lambda tag: _new_pg_db(admin)
         for name, new_db in backends.items():
-            results["write"][name] = {
-                "1": bench_write(new_db("w1"), 1, 1, calls * 4),
-                "32": bench_write(new_db("w32"), 4, 8, calls),
-                "128": bench_write(new_db("w128"), 4, 32, max(2, calls // 2)),  # issue 12's target shape
+            results["write"][name] = {  # writers x episodes each
+                "1x1": bench_write(new_db("w1"), 1, 1, calls * 4),
+                "4x8": bench_write(new_db("w32"), 4, 8, calls),
+                "4x32": bench_write(new_db("w128"), 4, 32, max(2, calls // 2)),  # issue 12's target shape
+                "1x32": bench_write(new_db("w1x32"), 1, 32, max(2, calls // 2)),  # and its one-writer figure
             }
+            if args.write_only:
+                continue
             results["storage"][name] = {
                 "linear": bench_storage_and_read(new_db("lin"), turns, linear=True),
                 "whole": bench_storage_and_read(new_db("whole"), turns, linear=False),
@@ -326,14 +353,14 @@ def _print(r: dict[str, Any]) -> None:
     print(f"\nwrite throughput (StoreWriter group commit; {r['cpus']} CPUs)")
     print(
         f"{'backend':<11}{'episodes':>9}{'writers':>8}{'calls':>7}{'calls/s':>10}{'tokens/s':>12}"
-        f"{'writer CPU ms/call':>20}{'load':>6}"
+        f"{'CPU ms/call':>12}{'thread':>8}{'load':>6}"
     )
     for name, by in r["write"].items():
         for w in by.values():
             print(
                 f"{name:<11}{w['concurrent_episodes']:>9}{w['writers']:>8}{w['calls']:>7}"
-                f"{w['calls_per_s']:>10}{w['tokens_per_s']:>12}{w['writer_cpu_ms_per_call']:>20}"
-                f"{w['load_average_1m']:>6}"
+                f"{w['calls_per_s']:>10}{w['tokens_per_s']:>12}{w['writer_cpu_ms_per_call']:>12}"
+                f"{w['writer_thread_cpu_ms_per_call']:>8}{w['load_average_1m']:>6}"
             )
     print("\nstorage and read-back of one episode (linear = each call stores only the tokens it adds)")
     print(

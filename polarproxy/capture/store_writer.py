@@ -1,11 +1,12 @@
 """The proxy's one writer thread: store writes run off the event loop, in order, grouped into commits.
 
 Each write is queued with a future; the thread takes everything queued so far and applies it in one
-transaction (group commit), so under load one commit covers many calls; a run of call finishes in a group is
-one executemany (`Store.finish_calls`). Nothing waits for more writes to arrive: a group is what was already
-queued when the previous commit ended. Futures resolve only after the
-commit, so a call awaited here is on disk (T6). If a grouped transaction fails, its writes are retried one
-by one, so one bad write fails alone.
+transaction (group commit), so under load one commit covers many calls; a run of call begins and finishes
+in a group is a fixed number of statements whatever its length (`Store.write_calls`: the begins' sequence
+numbers, their bases, their rows, then the finishes). Nothing waits for more writes to arrive: a group is
+what was already queued when the previous commit ended. Futures resolve only after the commit (all of a
+group's at once, one wake-up of each event loop), so a call awaited here is on disk (T6). If a grouped
+transaction fails, its writes are retried one by one, so one bad write fails alone.
 
 Outages (store/spool.py): when the database cannot take a write (unreachable, full, read-only), that write
 and every later one go to this writer's spool file, fsynced before their futures resolve, and a replayer
@@ -182,8 +183,7 @@ class StoreWriter:
                 self._start_spooling(e, ops)
                 return
         else:
-            for o, value in zip(ops, results, strict=True):
-                _settle(o, True, value)
+            _settle_all([(o, True, value) for o, value in zip(ops, results, strict=True)])
             return
         for i, o in enumerate(ops):  # rolled back on a bad write: one by one, so that it fails alone
             try:
@@ -198,20 +198,21 @@ class StoreWriter:
                 _settle(o, True, value)
 
     def _direct_group(self, ops: list[_Op]) -> list[Any]:
-        """Apply a group in order inside the open batch; a run of call finishes is one executemany."""
+        """Apply a group in order inside the open batch; a run of call begins and finishes is one
+        `write_calls` (its begins, then its finishes: no finish in a run can be of a call begun in it, since
+        the call's ID comes from its begin's future)."""
         results: list[Any] = []
         i = 0
         while i < len(ops):
             j = i
-            while (
-                j < len(ops)
-                and ops[j].op["op"] == "finish_call"
-                and isinstance(ops[j].op["result"], CallResult)
-            ):
+            while j < len(ops) and _call_write(ops[j].op):
                 j += 1
             if j - i > 1:
-                self.store.finish_calls([(o.op["call_id"], o.op["result"]) for o in ops[i:j]])
-                results += [None] * (j - i)
+                run = [o.op for o in ops[i:j]]
+                begins = [(op["call_id"], op["start"]) for op in run if op["op"] == "begin_call"]
+                finishes = [(op["call_id"], op["result"]) for op in run if op["op"] == "finish_call"]
+                began = iter(self.store.write_calls(begins, finishes))
+                results += [next(began) if op["op"] == "begin_call" else None for op in run]
                 i = j
             else:
                 results.append(self._direct(ops[i].op))
@@ -250,8 +251,7 @@ class StoreWriter:
             for o in ops:
                 _settle(o, False, err)
             return
-        for o in ops:
-            _settle(o, True, spool.spooled_result(o.op))
+        _settle_all([(o, True, spool.spooled_result(o.op)) for o in ops])
 
     # ---- the replayer thread -----------------------------------------------------------------------------
 
@@ -332,6 +332,33 @@ class StoreWriter:
                 self.spool.path,
             )
         self.spool.close()
+
+
+def _call_write(op: dict[str, Any]) -> bool:
+    """A begin or finish given as records (a spooled one read back is a dict, applied by spool.apply)."""
+    if op["op"] == "begin_call":
+        return isinstance(op["start"], CallStart)
+    return op["op"] == "finish_call" and isinstance(op["result"], CallResult)
+
+
+def _settle_all(settled: list[tuple[_Op, bool, Any]]) -> None:
+    """Resolve a group's futures with one wake-up per event loop (not one per future)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for o, ok, value in settled:
+        if o.fut is None or o.loop is None:
+            _settle(o, ok, value)
+        else:
+            by_loop.setdefault(o.loop, []).append((o.fut, ok, value))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve_many, items)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+def _resolve_many(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for fut, ok, value in items:
+        _resolve(fut, ok, value)
 
 
 def _settle(o: _Op, ok: bool, value: Any) -> None:

@@ -4,7 +4,12 @@ SQLite: WAL journal, synchronous=NORMAL (a commit survives a crash of the proces
 loss can lose the last commits), a 10 s busy timeout and foreign keys, all set on every new connection.
 The driver's own transaction handling is switched off and SQLAlchemy's `begin` emits `BEGIN` for reads and
 `BEGIN IMMEDIATE` for writes, so a read-then-write transaction (allocating a call's sequence number) holds
-the write lock from its first statement, across threads and processes.
+the write lock from its first statement, across threads and processes. Before `BEGIN IMMEDIATE`, polarproxy's
+writers of one file take turns through an flock of `<file>-writelock` (`WriterTurns`): SQLite's own busy
+handler sleeps 1, 2, 5, 10, 15, 20, 25 ms... between tries, so with several writer processes its lock sat
+idle most of the time (issue 12); a released flock is taken within `TURN_POLL_MAX_S`. The flock only orders
+polarproxy's writers: SQLite's lock is still what makes a transaction safe, and after `BUSY_TIMEOUT_S`
+without a turn (or when the side file cannot be opened) a writer goes ahead and waits on SQLite's lock alone.
 
 PostgreSQL (psycopg 3): a small connection pool per process, checked before use; transactions are READ
 COMMITTED, and the writes that must be atomic are single statements (`UPDATE ... RETURNING` for a sequence
@@ -13,8 +18,13 @@ number, which locks only that episode's row), so writers of different episodes n
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
+import time
+import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -22,6 +32,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
 BUSY_TIMEOUT_S = 10.0
+TURN_POLL_MIN_S = 0.0001  # how often a waiting writer tries the writers' flock: first, and at most
+TURN_POLL_MAX_S = 0.0005
 # PostgreSQL: connections per process. A proxy writes from one thread (group commit) and reads from a few,
 # so a handful each lets many proxies share one server (max_connections is 100 by default).
 PG_POOL_SIZE = 4
@@ -52,6 +64,8 @@ def make_engine(url: str) -> Engine:
     if is_sqlite_memory(url):
         kwargs["poolclass"] = StaticPool  # one shared in-memory database, not one per thread
     engine = create_engine(u, **kwargs)
+    if not is_sqlite_memory(url):
+        _TURNS[engine] = WriterTurns(str(u.database) + "-writelock")
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -76,7 +90,6 @@ def _set_wal(cursor: Any) -> None:
     """`PRAGMA journal_mode = WAL`, retried: on a blank file that other connections are opening at the same
     moment, SQLite answers "database is locked" at once, without waiting out the busy timeout."""
     import sqlite3
-    import time
 
     deadline = time.monotonic() + BUSY_TIMEOUT_S
     while True:
@@ -89,10 +102,69 @@ def _set_wal(cursor: Any) -> None:
             time.sleep(0.02)
 
 
+class _Fd:
+    """An open file descriptor, closed when the object goes (a thread's, see WriterTurns)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+class WriterTurns:
+    """Polarproxy's write transactions on one SQLite file, one at a time, through an flock of a side file
+    (each thread its own descriptor, so threads take turns too; the kernel drops a dead process's lock)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def _fd(self) -> int:
+        held: _Fd | None = getattr(self._local, "fd", None)
+        if held is None:
+            try:
+                held = _Fd(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            except OSError:  # a read-only folder, a full disk: SQLite's lock alone
+                held = _Fd(-1)
+            self._local.fd = held
+        return held.fd
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        fd = self._fd()
+        got = fd >= 0 and _flock(fd, time.monotonic() + BUSY_TIMEOUT_S)
+        try:
+            yield
+        finally:
+            if got:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _flock(fd: int, deadline: float) -> bool:
+    delay = TURN_POLL_MIN_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(2 * delay, TURN_POLL_MAX_S)
+        except OSError:
+            return False
+
+
+_TURNS: weakref.WeakKeyDictionary[Engine, WriterTurns] = weakref.WeakKeyDictionary()
+
+
 @contextmanager
 def write_transaction(engine: Engine) -> Iterator[Connection]:
     """A transaction that will write: committed (and on disk) when the block exits without error."""
-    with engine.connect() as conn:
+    turns = _TURNS.get(engine)
+    with nullcontext() if turns is None else turns.turn(), engine.connect() as conn:
         conn.execution_options(**{_WRITE: True})
         with conn.begin():
             yield conn

@@ -34,9 +34,13 @@ def test_quick_store_bench_reports_every_figure_for_both_backends(tmp_path: Path
     assert "write throughput" in proc.stdout and "whole/linear token arrays" in proc.stdout
     r = json.loads(out.read_text())
     for backend in ("sqlite", "postgresql"):
-        for episodes, w in r["write"][backend].items():
-            assert w["concurrent_episodes"] == int(episodes)
-            assert all(_number(w[k]) and w[k] > 0 for k in ("calls_per_s", "tokens_per_s", "seconds"))
+        assert set(r["write"][backend]) == {"1x1", "4x8", "4x32", "1x32"}
+        for shape, w in r["write"][backend].items():
+            assert shape == f"{w['writers']}x{w['episodes_per_writer']}"
+            assert w["concurrent_episodes"] == w["writers"] * w["episodes_per_writer"]
+            figures = ("calls_per_s", "tokens_per_s", "seconds", "writer_cpu_ms_per_call")
+            assert all(_number(w[k]) and w[k] > 0 for k in figures)
+            assert _number(w["writer_thread_cpu_ms_per_call"])
         lin, whole = r["storage"][backend]["linear"], r["storage"][backend]["whole"]
         assert lin["distinct_tokens"] == whole["distinct_tokens"] > 0
         # linear: every distinct token ID stored once (4 bytes), plus a float32 logprob per output token
