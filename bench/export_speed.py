@@ -7,12 +7,15 @@ Export phase. A synthetic SQLite store (default 1,000 episodes x 30 calls whose 
 tokens) is written through the Store API (`begin_call` / `finish_call`, call k of 10 episodes per group commit),
 the way the proxy records: every call extends the one before it (an agent loop), its prompt is the
 earlier prompt + the earlier output + ~200 new tokens, and it samples ~70 tokens with logprobs. Token IDs
-are random in [0, 150000), so they are not Python's small cached ints. Then, side by side in one run,
-each of `read` (Store.iter_calls alone, the floor), per-request x {jsonl, parquet} and prefix-merge x
-{jsonl, parquet} runs in a fresh child process that opens the store, reconstructs and writes the file the
-way `polarproxy export` does. Figures per run: seconds, recorded tokens per second (the prompt + output
-of every call read: the same work for both strategies), exported tokens per second (tokens in the rows
-written), rows, trainer sequences saved, file size, and the child's peak RSS (VmHWM).
+are random in [0, 150000), so they are not Python's small cached ints. Then, side by side in one run, each
+in a fresh child process that opens the store, reconstructs and writes the file the way `polarproxy export`
+does: `read` (Store.iter_calls alone, the plain path's floor) and `read arrays` (store/token_calls.py alone,
+the array path's), then per-request x {jsonl, parquet} and prefix-merge x {jsonl, parquet}, each by the
+plain path (Call objects, list trajectories: `run_export(plain=True)`) and by the array path (the default),
+one after the other. Figures per run: seconds, CPU seconds, recorded tokens per second (the prompt + output
+of every call read: the same work for both strategies), written tokens per second and per CPU-second
+(tokens in the rows written: what issue 12's target counts), rows, trainer sequences saved, file size, and
+the child's peak RSS (VmHWM).
 `--db PATH` keeps the store there and reuses it when it already holds the requested size.
 
 Prompt phase. One episode grows from 1 to 128 turns through the T2 index (polarproxy/render/prefix.py)
@@ -21,7 +24,8 @@ result (~25 tokens). The cost of building each turn's prompt is the median of re
 turns 1 (rendered fresh: nothing to extend), 2, 32 and 128, with the ratio turn 128 / turn 1, and beside
 it the cost of rendering the turn-128 conversation fresh (what a system that re-tokenizes pays).
 
-Targets (issue 4): >= 5 M tokens/s export; prompt construction at turn 128 within 2x of turn 1.
+Targets: >= 10 M written tokens/s for every strategy and format (issue 12), memory flat in the store's size;
+prompt construction at turn 128 within 2x of turn 1 (issue 4).
 """
 
 from __future__ import annotations
@@ -44,14 +48,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 TINY_DIR = REPO / ".cache" / "bench-tiny"
+PATHS = ("plain", "arrays")
 RUNS = (
-    ("read", "none"),
-    ("per-request", "jsonl"),
-    ("per-request", "parquet"),
-    ("prefix-merge", "jsonl"),
-    ("prefix-merge", "parquet"),
+    ("read", "none", "plain"),
+    ("read", "none", "arrays"),
+    *(
+        (strategy, fmt, path)
+        for strategy in ("per-request", "prefix-merge")
+        for fmt in ("jsonl", "parquet")
+        for path in PATHS
+    ),
 )
-TARGET_TOKENS_PER_S = 5e6
+TARGET_TOKENS_PER_S = 10e6
 TARGET_PROMPT_RATIO = 2.0
 VOCAB = 150_000
 
@@ -162,12 +170,14 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_one(strategy: str, fmt: str, db: str, out: str, profile: str | None) -> dict[str, Any]:
-    """Open the store, reconstruct and write (as `polarproxy export` does); time it, report peak RSS."""
+def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str | None) -> dict[str, Any]:
+    """Open the store, reconstruct and write (as `polarproxy export` does, by the plain or the array path);
+    time it, report peak RSS."""
     from polarproxy.export.rows import ExportStats
     from polarproxy.export.writers import get_writer
     from polarproxy.reconstruct import get_strategy
     from polarproxy.store import Store
+    from polarproxy.store.token_calls import iter_token_calls
 
     store = Store.open(db)
     if strategy != "read":
@@ -186,11 +196,19 @@ def run_one(strategy: str, fmt: str, db: str, out: str, profile: str | None) -> 
     episodes = {e.id: e for e in store.list_episodes(limit=None)}
     if strategy == "read":
         stats = ExportStats()
-        for call in store.iter_calls():
-            stats.calls += 1
-            stats.per_request_tokens += len(call.prompt_ids) + len(call.output_ids)
-    else:
-        calls = store.iter_calls(lazy_prompts=strategy == "prefix-merge")  # as export/run.py reads them
+        if path == "plain":
+            for call in store.iter_calls():
+                stats.calls += 1
+                stats.per_request_tokens += len(call.prompt_ids) + len(call.output_ids)
+        else:
+            for tc in iter_token_calls(store):
+                stats.calls += 1
+                stats.per_request_tokens += len(tc.full_ids())
+    else:  # as export/run.py reads them
+        if path == "plain":
+            calls: Any = store.iter_calls(lazy_prompts=strategy == "prefix-merge")
+        else:
+            calls = iter_token_calls(store)
         stats = write(reconstruct(calls, episodes=episodes), out)
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     if prof:
@@ -200,6 +218,7 @@ def run_one(strategy: str, fmt: str, db: str, out: str, profile: str | None) -> 
     return {
         "strategy": strategy,
         "format": fmt,
+        "path": path,
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "stats": stats.summary(),
@@ -211,10 +230,10 @@ def run_one(strategy: str, fmt: str, db: str, out: str, profile: str | None) -> 
 
 def export_phase(db: Path, tmp: Path, profile: str | None) -> list[dict[str, Any]]:
     results = []
-    for strategy, fmt in RUNS:
-        out = tmp / f"out.{strategy}.{fmt}"
-        want = profile == f"{strategy}:{fmt}"
-        cmd = [sys.executable, __file__, "--child", strategy, fmt, str(db), str(out)]
+    for strategy, fmt, path in RUNS:
+        out = tmp / f"out.{strategy}.{fmt}.{path}"
+        want = profile == f"{strategy}:{fmt}:{path}"
+        cmd = [sys.executable, __file__, "--child", strategy, fmt, path, str(db), str(out)]
         proc = subprocess.run(
             cmd + (["--profile", profile] if want else []), capture_output=True, text=True, check=False
         )
@@ -226,10 +245,13 @@ def export_phase(db: Path, tmp: Path, profile: str | None) -> list[dict[str, Any
         s = r["stats"]
         r["recorded_tokens_per_s"] = s["per_request_tokens"] / r["seconds"]
         r["recorded_tokens_per_cpu_s"] = s["per_request_tokens"] / r["cpu_seconds"]
-        r["exported_tokens_per_s"] = s["total_tokens"] / r["seconds"] if strategy != "read" else None
+        written = strategy != "read"
+        r["exported_tokens_per_s"] = s["total_tokens"] / r["seconds"] if written else None
+        r["exported_tokens_per_cpu_s"] = s["total_tokens"] / r["cpu_seconds"] if written else None
         results.append(r)
         log(
-            f"  {strategy:>12} {fmt:<7} {r['seconds']:7.2f} s  {r['recorded_tokens_per_s'] / 1e6:6.2f} M rec tok/s"
+            f"  {strategy:>12} {fmt:<7} {path:<6} {r['seconds']:7.2f} s  "
+            f"{r['recorded_tokens_per_s'] / 1e6:6.2f} M rec tok/s"
         )
         if out.exists():
             out.unlink()
@@ -351,8 +373,10 @@ def main() -> int:
     ap.add_argument(
         "--model", type=Path, help="prompt phase: a model folder (default: the random tiny model)"
     )
-    ap.add_argument("--profile", help="cProfile one run, e.g. prefix-merge:jsonl (printed to stderr)")
-    ap.add_argument("--child", nargs=4, metavar=("STRATEGY", "FORMAT", "DB", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", help="cProfile one run, e.g. prefix-merge:jsonl:arrays (printed to stderr)")
+    ap.add_argument(
+        "--child", nargs=5, metavar=("STRATEGY", "FORMAT", "PATH", "DB", "OUT"), help=argparse.SUPPRESS
+    )
     a = ap.parse_args()
     if a.child:
         print(json.dumps(run_one(*a.child, profile=a.profile)))
@@ -405,21 +429,23 @@ def print_table(report: dict[str, Any]) -> None:
     size = report["size"]
     print(
         f"\nExport: {size['episodes']} episodes x {size['calls_per_episode']} calls, context up to "
-        f"{size['context_tokens']} tokens (target >= {TARGET_TOKENS_PER_S / 1e6:.0f} M tokens/s)"
+        f"{size['context_tokens']} tokens (target >= {TARGET_TOKENS_PER_S / 1e6:.0f} M written tokens/s)"
     )
     head = (
-        f"{'run':<22}{'s':>8}{'cpu s':>8}{'rec Mtok/s':>12}{'rec Mtok/cpu-s':>16}{'exp Mtok/s':>12}"
+        f"{'run':<30}{'s':>8}{'cpu s':>8}{'rec Mtok/s':>12}{'wr Mtok/s':>11}{'wr Mtok/cpu-s':>15}"
         f"{'rows':>9}{'seq ratio':>10}{'MB':>8}{'peak MB':>9}"
     )
     print(head)
     for r in report["exports"]:
         s = r["stats"]
         exp = f"{r['exported_tokens_per_s'] / 1e6:.2f}" if r["exported_tokens_per_s"] else "-"
+        exp_cpu = f"{r['exported_tokens_per_cpu_s'] / 1e6:.2f}" if r["exported_tokens_per_cpu_s"] else "-"
         ratio = f"{s['sequence_ratio']:.1f}" if s["sequence_ratio"] else "-"
+        name = f"{r['strategy']} {r['format']} {r['path']}".replace(" none", "")
         print(
-            f"{r['strategy'] + ' ' + r['format']:<22}{r['seconds']:>8.2f}{r['cpu_seconds']:>8.2f}"
-            f"{r['recorded_tokens_per_s'] / 1e6:>12.2f}{r['recorded_tokens_per_cpu_s'] / 1e6:>16.2f}"
-            f"{exp:>12}{s['rows']:>9}{ratio:>10}{_mb(r['file_bytes']):>8}{r['peak_rss_mb']:>9}"
+            f"{name:<30}{r['seconds']:>8.2f}{r['cpu_seconds']:>8.2f}"
+            f"{r['recorded_tokens_per_s'] / 1e6:>12.2f}{exp:>11}{exp_cpu:>15}"
+            f"{s['rows']:>9}{ratio:>10}{_mb(r['file_bytes']):>8}{r['peak_rss_mb']:>9}"
         )
     p = report["prompts"]
     print(f"\nPrompt construction (T2 index), median of {p['repeats']} builds per turn (wall, thread CPU):")

@@ -184,6 +184,9 @@ def export(
             f"{summary['total_tokens']} tokens; a per-request export holds {summary['per_request_tokens']} "
             f"tokens in {summary['calls']} rows) to {out}"
         )
+        skipped = summary.get("skipped_empty_rows")
+        if skipped:
+            line += f"; skipped {skipped} row{'s' if skipped != 1 else ''} without tokens (text-only calls)"
         adv_summary = summary.get("advantages")
         if adv_summary:
             line += (

@@ -1,4 +1,11 @@
-"""JSONL export: one export row (schemas/export-row.v2.json) per line."""
+"""JSONL export: one export row (schemas/export-row.v2.json) per line.
+
+A SpanTrajectory (built from the store's token arrays, reconstruct/trajectory.py) is written without a
+Python object per token: orjson writes `input_ids` from the int32 array itself, `loss_mask` is runs of
+`0,` and `1,` made by repeating bytes, and `logprobs` is runs of `null,` around each call's logprobs,
+written by orjson from the float32 values widened to float64 (the value a Python float of them has, so the
+text is the one a list of floats gives). The bytes equal those of the row's lists (tests/export).
+"""
 
 from __future__ import annotations
 
@@ -7,25 +14,90 @@ import os
 from collections.abc import Iterable
 from typing import IO, Any
 
+import numpy as np
 import orjson
 
 from polarproxy.export.atomic import atomic_file
-from polarproxy.export.rows import ExportStats, trajectory_to_row
-from polarproxy.reconstruct.trajectory import Trajectory
+from polarproxy.export.rows import ExportStats, span_row, trajectory_to_row
+from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
-__all__ = ["ExportStats", "write_jsonl"]
+__all__ = ["ExportStats", "span_row_json", "write_jsonl"]
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 
 
-def _write_rows(trajectories: Iterable[Trajectory], write: Any) -> ExportStats:
+def _close(parts: list[bytes]) -> orjson.Fragment:
+    """A JSON array from comma-terminated parts."""
+    body = b"".join(parts)
+    return orjson.Fragment(b"[" + body[:-1] + b"]" if body else b"[]")
+
+
+def _mask_json(n: int, spans: list[tuple[int, int]]) -> orjson.Fragment:
+    parts: list[bytes] = []
+    end = 0
+    for a, b in spans:
+        parts += (b"0," * (a - end), b"1," * (b - a))
+        end = b
+    parts.append(b"0," * (n - end))
+    return _close(parts)
+
+
+def _logprobs_json(n: int, spans: list[tuple[int, int]], values: list[np.ndarray | None]) -> orjson.Fragment:
+    given = [lps for lps in values if lps is not None and len(lps)]
+    text = b""
+    commas: list[int] = []
+    if given:  # one orjson call for every span's values; each span's text is found by counting commas
+        text = orjson.dumps(np.concatenate(given).astype(np.float64), option=orjson.OPT_SERIALIZE_NUMPY)
+        commas = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 44).tolist()  # b","
+    parts: list[bytes] = []
+    end = 0
+    value = 0  # values written so far
+    for (a, b), lps in zip(spans, values, strict=True):
+        parts.append(b"null," * (a - end))
+        if lps is None:
+            parts.append(b"null," * (b - a))
+        elif b > a:
+            start = commas[value - 1] + 1 if value else 1
+            value += b - a
+            stop = commas[value - 1] + 1 if value <= len(commas) else len(text)  # past "," or "]"
+            parts += (text[start : stop - 1], b",")
+        end = b
+    parts.append(b"null," * (n - end))
+    return _close(parts)
+
+
+def span_row_json(traj: SpanTrajectory) -> bytes:
+    """The JSONL line of a SpanTrajectory (with its newline); errors as trajectory_to_row's."""
+    n, spans = len(traj.input_ids), traj.call_spans
+    tokens = {
+        "input_ids": traj.input_ids,
+        "loss_mask": _mask_json(n, spans),
+        "logprobs": _logprobs_json(n, spans, traj.span_logprobs),
+    }
+    return orjson.dumps(span_row(traj, tokens), option=_NUMPY)
+
+
+def _line(traj: Trajectory | SpanTrajectory) -> bytes:
+    if isinstance(traj, SpanTrajectory):
+        return span_row_json(traj)
+    return orjson.dumps(trajectory_to_row(traj), option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _write_rows(trajectories: Iterable[Trajectory | SpanTrajectory], write: Any) -> ExportStats:
     stats = ExportStats()
     for traj in trajectories:
-        write(orjson.dumps(trajectory_to_row(traj), option=orjson.OPT_APPEND_NEWLINE))
+        if stats.skip_if_empty(traj):
+            continue
+        write(_line(traj))
         stats.add(traj)
     return stats
 
 
-def write_jsonl(trajectories: Iterable[Trajectory], out: str | os.PathLike[str] | IO[Any]) -> ExportStats:
-    """Write one row per trajectory to a file path or an open stream (text or binary).
+def write_jsonl(
+    trajectories: Iterable[Trajectory | SpanTrajectory], out: str | os.PathLike[str] | IO[Any]
+) -> ExportStats:
+    """Write one row per trajectory to a file path or an open stream (text or binary). Trajectories without
+    a token are left out and counted (`ExportStats.skipped_empty_rows`).
 
     A path is written atomically: rows go to a temporary file in the same folder, which is synced and renamed
     over `out` only once every row is written, so `out` is either the old file or the complete new one.

@@ -18,8 +18,8 @@ import numpy as np
 import orjson
 
 from polarproxy.export.atomic import atomic_file
-from polarproxy.export.rows import ROW_SCHEMA, ExportStats, checked_row
-from polarproxy.reconstruct.trajectory import Trajectory
+from polarproxy.export.rows import ROW_SCHEMA, ExportStats, checked_row, span_row
+from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -148,8 +148,7 @@ class _RowGroup:
         self.tokens = 0
         self.rows = 0
 
-    def add(self, traj: Trajectory) -> None:
-        row, in_spans = checked_row(traj)
+    def _add_columns(self, row: dict[str, Any]) -> None:
         cols = self.columns
         for name, value in row.items():
             if name in _TOKEN_COLUMNS:
@@ -159,14 +158,24 @@ class _RowGroup:
             elif name == "tools":
                 value = _tools_for_arrow(value)
             cols[name].append(value)
-        self.ids.append(np.fromiter(traj.input_ids, dtype=np.int32, count=len(traj.input_ids)))
-        self.masks.append(np.frombuffer(bytes(traj.loss_mask), dtype=np.int8))
-        if in_spans:
-            values, valid = _span_logprobs(traj)
+
+    def add(self, traj: Trajectory | SpanTrajectory) -> None:
+        if isinstance(traj, SpanTrajectory):  # arrays already: no conversion per token
+            self._add_columns(span_row(traj, {}))
+            self.ids.append(traj.input_ids)
+            self.masks.append(traj.loss_mask_array())
+            values, valid = traj.logprob_arrays()
         else:
-            lps = traj.logprobs
-            values = np.array([0.0 if v is None else v for v in lps], dtype=np.float32)
-            valid = np.array([v is not None for v in lps], dtype=np.bool_)
+            row, in_spans = checked_row(traj)
+            self._add_columns(row)
+            self.ids.append(np.fromiter(traj.input_ids, dtype=np.int32, count=len(traj.input_ids)))
+            self.masks.append(np.frombuffer(bytes(traj.loss_mask), dtype=np.int8))
+            if in_spans:
+                values, valid = _span_logprobs(traj)
+            else:
+                lps = traj.logprobs
+                values = np.array([0.0 if v is None else v for v in lps], dtype=np.float32)
+                valid = np.array([v is not None for v in lps], dtype=np.bool_)
         self.logprobs.append(values)
         self.valid.append(valid)
         self.tokens += len(traj.input_ids)
@@ -197,10 +206,13 @@ class _RowGroup:
         return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
-def write_parquet(trajectories: Iterable[Trajectory], out: str | os.PathLike[str]) -> ExportStats:
+def write_parquet(
+    trajectories: Iterable[Trajectory | SpanTrajectory], out: str | os.PathLike[str]
+) -> ExportStats:
     """Write one row per trajectory to the Parquet file `out`, atomically (the old file or the complete new
     one), one row group at a time. Raises ValueError for a row that cannot be exported (see
-    trajectory_to_row)."""
+    trajectory_to_row). Trajectories without a token are left out and counted
+    (`ExportStats.skipped_empty_rows`)."""
     _pa, pq = _import_pyarrow()
     schema = arrow_schema()
     stats = ExportStats()
@@ -217,6 +229,8 @@ def write_parquet(trajectories: Iterable[Trajectory], out: str | os.PathLike[str
     ):
         group = _RowGroup(schema)
         for traj in trajectories:
+            if stats.skip_if_empty(traj):
+                continue
             group.add(traj)
             stats.add(traj)
             if group.full():

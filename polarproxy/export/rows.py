@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from polarproxy.reconstruct.trajectory import Trajectory
+import numpy as np
+
+from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
 SCHEMA_VERSION = 2
 ROW_SCHEMA = "export-row.v2"
@@ -17,20 +19,33 @@ PER_CALL_FIELDS = ("call_rewards", "weight_versions", "temperatures", "mixed_wei
 @dataclass(slots=True)
 class ExportStats:
     """What an export wrote. `rows` is the number of trajectories (trainer sequences); `per_request_tokens`
-    the tokens a per-request export of the same calls would hold (each call's prompt + output)."""
+    the tokens a per-request export of the same calls would hold (each call's prompt + output).
+    `skipped_empty_rows`: trajectories without a single token (text-only calls in a token export), left
+    out of the file; their calls are not in `calls`."""
 
     rows: int = 0
     calls: int = 0
     trainable_tokens: int = 0
     total_tokens: int = 0
     per_request_tokens: int = 0
+    skipped_empty_rows: int = 0
 
-    def add(self, traj: Trajectory) -> None:
+    def add(self, traj: Trajectory | SpanTrajectory) -> None:
         self.rows += 1
         self.calls += len(traj.call_ids)
-        self.trainable_tokens += _count_trainable(traj)
+        if isinstance(traj, SpanTrajectory):
+            self.trainable_tokens += traj.trainable_tokens
+        else:
+            self.trainable_tokens += _count_trainable(traj)
         self.total_tokens += len(traj.input_ids)
         self.per_request_tokens += sum(end for _start, end in traj.call_spans)
+
+    def skip_if_empty(self, traj: Trajectory | SpanTrajectory) -> bool:
+        """Count and return True for a trajectory without tokens, which a token export leaves out."""
+        if len(traj.input_ids):
+            return False
+        self.skipped_empty_rows += 1
+        return True
 
     @property
     def sequence_ratio(self) -> float | None:
@@ -48,6 +63,7 @@ class ExportStats:
             "total_tokens": self.total_tokens,
             "per_request_tokens": self.per_request_tokens,
             "sequence_ratio": self.sequence_ratio,
+            "skipped_empty_rows": self.skipped_empty_rows,
         }
 
 
@@ -84,9 +100,11 @@ def _logprobs_finite_in_spans(traj: Trajectory) -> bool:
         return False
 
 
-def trajectory_to_row(traj: Trajectory) -> dict[str, Any]:
+def trajectory_to_row(traj: Trajectory | SpanTrajectory) -> dict[str, Any]:
     """The export row for a trajectory. Raises ValueError if the arrays differ in length or a logprob is
     not finite (JSON has no -inf; writing null would silently drop it)."""
+    if isinstance(traj, SpanTrajectory):
+        traj = traj.to_trajectory()
     return checked_row(traj)[0]
 
 
@@ -99,7 +117,8 @@ def checked_row(traj: Trajectory) -> tuple[dict[str, Any], bool]:
             f"Trajectory of calls {traj.call_ids} has {n} input_ids, {len(traj.loss_mask)} loss_mask and "
             f"{len(traj.logprobs)} logprobs entries; they must be equal."
         )
-    per_call = _per_call(traj)
+    tokens = {"input_ids": traj.input_ids, "loss_mask": traj.loss_mask, "logprobs": traj.logprobs}
+    row = row_fields(traj, tokens)
     in_spans = _logprobs_finite_in_spans(traj)
     if not in_spans:
         for i, lp in enumerate(traj.logprobs):
@@ -108,14 +127,25 @@ def checked_row(traj: Trajectory) -> tuple[dict[str, Any], bool]:
                     f"Trajectory of calls {traj.call_ids} has logprob {lp} at position {i}, which JSON cannot "
                     "represent. Exclude these calls from the export."
                 )
-    row = {
+    return row, in_spans
+
+
+def span_row(traj: SpanTrajectory, tokens: dict[str, Any]) -> dict[str, Any]:
+    """checked_row for a SpanTrajectory, with its token columns given in the writer's own form."""
+    row = row_fields(traj, tokens)
+    check_span_logprobs(traj)
+    return row
+
+
+def row_fields(traj: Trajectory | SpanTrajectory, tokens: dict[str, Any]) -> dict[str, Any]:
+    """The export row with the token columns given (`input_ids`, `loss_mask`, `logprobs`), in the schema's
+    order; ValueError for per-call values that cannot be exported (see _per_call)."""
+    return {
         "schema_version": SCHEMA_VERSION,
         "strategy": traj.strategy,
         "episode_id": traj.episode_id,
         "call_ids": traj.call_ids,
-        "input_ids": traj.input_ids,
-        "loss_mask": traj.loss_mask,
-        "logprobs": traj.logprobs,
+        **tokens,
         "model": traj.model,
         "weight_version": traj.weight_version,
         "finish_reason": traj.finish_reason,
@@ -123,14 +153,30 @@ def checked_row(traj: Trajectory) -> tuple[dict[str, Any], bool]:
         "tools": traj.tools,
         "reward": traj.reward,
         "group_id": traj.group_id,
-        **per_call,
+        **_per_call(traj),
         "advantage": traj.advantage,
         "metadata": traj.metadata,
     }
-    return row, in_spans
 
 
-def _per_call(traj: Trajectory) -> dict[str, list[Any]]:
+def check_span_logprobs(traj: SpanTrajectory) -> None:
+    """trajectory_to_row's finiteness check for a SpanTrajectory, at numpy speed."""
+    given = [lps for lps in traj.span_logprobs if lps is not None]
+    if not given or np.isfinite(np.concatenate(given).sum(dtype=np.float64)):
+        return  # sums of logprobs (<= 0) do not overflow in float64
+    for (a, _b), lps in zip(traj.call_spans, traj.span_logprobs, strict=True):
+        if lps is None:
+            continue
+        bad = np.flatnonzero(~np.isfinite(lps))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"Trajectory of calls {traj.call_ids} has logprob {float(lps[i])} at position {a + i}, which "
+                "JSON cannot represent. Exclude these calls from the export."
+            )
+
+
+def _per_call(traj: Trajectory | SpanTrajectory) -> dict[str, list[Any]]:
     """The per-call columns, one entry per call ID. A trajectory built without them (empty lists) gets
     the values that mean "not recorded"."""
     n = len(traj.call_ids)

@@ -14,7 +14,7 @@ from typing import Any
 from polarproxy.errors import UsageError
 from polarproxy.export.advantages import AdvantageOptions, AdvantageReport, compute_advantages
 from polarproxy.export.filters import ExportFilters
-from polarproxy.reconstruct.trajectory import Trajectory
+from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
 FORMATS = ("jsonl", "parquet", "sft")
 TOKEN_FORMATS = ("jsonl", "parquet")
@@ -100,7 +100,9 @@ def resolve_episodes(store: Any, episodes: Sequence[str] | None) -> list[str] | 
         raise UsageError(str(e), hint="List episodes with `polarproxy ls`.") from e
 
 
-def _with_advantages(trajs: Iterable[Trajectory], report: AdvantageReport) -> Iterator[Trajectory]:
+def _with_advantages(
+    trajs: Iterable[Trajectory | SpanTrajectory], report: AdvantageReport
+) -> Iterator[Trajectory | SpanTrajectory]:
     for traj in trajs:
         value = report.advantages.get(traj.episode_id)
         if value is None:
@@ -123,8 +125,13 @@ def run_export(
     include_failed: bool = False,
     tokenizer: str | os.PathLike[str] | None = None,
     encoding: str | None = None,
+    plain: bool = False,
 ) -> dict[str, Any]:
     """Export the store to `out` in `fmt`; return the summary `polarproxy export --json` prints.
+
+    Token rows are built from the store's token arrays (store/token_calls.py: no Python object per token);
+    `plain` builds them from `Store.iter_calls`' Call objects and list trajectories instead, the reference
+    the array path is tested against (tests/export/test_export_fast_path.py). Both write the same rows.
 
     `episodes` are IDs or unique prefixes (`--episode`), added to `filters`. Raises OptionError for options
     that do not apply (exit 2), UsageError for values that name nothing, ValueError for a row that cannot be
@@ -168,9 +175,16 @@ def run_export(
     query = filters.query()
     chosen = {e.id: e for e in store.list_episodes(limit=None, where=query)}
     report = compute_advantages(chosen.values(), adv) if adv.enabled else None
-    # prefix-merge reads most prompts only by length: rebuild their ID lists only when read
-    calls = filters.calls(store.iter_calls(where=query, lazy_prompts=strategy == "prefix-merge"))
-    trajs: Iterable[Trajectory] = reconstruct(calls, episodes=chosen, include_failed=include_failed)
+    if plain:  # prefix-merge reads most prompts only by length: rebuild their ID lists only when read
+        source: Iterable[Any] = store.iter_calls(where=query, lazy_prompts=strategy == "prefix-merge")
+    else:
+        from polarproxy.store.token_calls import iter_token_calls
+
+        source = iter_token_calls(store, where=query)
+    calls = filters.calls(source)
+    trajs: Iterable[Trajectory | SpanTrajectory] = reconstruct(
+        calls, episodes=chosen, include_failed=include_failed
+    )
     if report is not None:
         trajs = _with_advantages(trajs, report)
     stats = write(trajs, out)

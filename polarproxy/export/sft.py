@@ -401,19 +401,13 @@ def sft_rows(
 
 def write_sft(rows: Iterable[dict[str, Any]], out: str | os.PathLike[str]) -> int:
     """Write rows as JSONL, atomically (the old file stays until every row is written)."""
-    path = Path(out)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    from polarproxy.export.atomic import atomic_file
+
     n = 0
-    try:
-        with tmp.open("wb") as f:
-            for row in rows:
-                f.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(out) as f:
+        for row in rows:
+            f.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+            n += 1
     return n
 
 

@@ -6,9 +6,9 @@ import os
 from collections.abc import Callable, Iterable
 
 from polarproxy.export.rows import ExportStats
-from polarproxy.reconstruct.trajectory import Trajectory
+from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
-Writer = Callable[[Iterable[Trajectory], str | os.PathLike[str]], ExportStats]
+Writer = Callable[[Iterable[Trajectory | SpanTrajectory], str | os.PathLike[str]], ExportStats]
 FORMATS = ("jsonl", "parquet")
 
 

@@ -21,20 +21,28 @@ call's tokens masked. A call with no tokens at all (text fidelity) never serves 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import groupby
+from typing import Any
 
-from polarproxy.reconstruct.messages import chat_messages, chat_tools
-from polarproxy.reconstruct.per_request import call_metadata, is_exported
-from polarproxy.reconstruct.trajectory import Trajectory, per_call_columns
-from polarproxy.store.rebuild import prompt_len
+from polarproxy.reconstruct.per_request import is_exported, leaf_fields
+from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory, per_call_columns, span_logprobs
+from polarproxy.store.rebuild import LazyPromptCall
 from polarproxy.store.records import Call, Episode
+from polarproxy.store.token_calls import TokenCall
 
 STRATEGY = "prefix-merge"
 
 
-def _full_len(call: Call) -> int:
-    return prompt_len(call) + len(call.output_ids)
+def _prompt_len(call: Call | TokenCall) -> int:
+    """The length of a call's prompt, without rebuilding a LazyPromptCall's or a TokenCall's IDs."""
+    return call.prompt_len if isinstance(call, (LazyPromptCall, TokenCall)) else len(call.prompt_ids)
+
+
+def _full_len(call: Call | TokenCall) -> int:
+    if isinstance(call, TokenCall):
+        return call.prompt_len + call.output_len
+    return _prompt_len(call) + len(call.output_ids)
 
 
 def extends(prompt: list[int], base: Call) -> bool:
@@ -50,7 +58,7 @@ def extends(prompt: list[int], base: Call) -> bool:
     return prompt[:p] == base.prompt_ids and prompt[p : p + o] == base.output_ids
 
 
-def _stored_as_extension(call: Call, base: Call) -> bool:
+def _stored_as_extension(call: Call | TokenCall, base: Call | TokenCall) -> bool:
     """Whether the store keeps `call`'s prompt as `base`'s whole prompt + output followed by new tokens (its
     prompt reference, store/rebuild.py), so that `extends(call.prompt_ids, base)` holds by construction: the
     store rebuilt that prompt from those very tokens. Only lengths are compared, so no prompt is rebuilt."""
@@ -58,21 +66,36 @@ def _stored_as_extension(call: Call, base: Call) -> bool:
     return (
         call.prompt_base_call_id == base.id
         and call.prompt_base_len == whole > 0
-        and prompt_len(call) >= whole
+        and _prompt_len(call) >= whole
     )
 
 
-def _extends_call(call: Call, base: Call) -> bool:
-    return _stored_as_extension(call, base) or extends(call.prompt_ids, base)
+def _extends_call(call: Call | TokenCall, base: Call | TokenCall) -> bool:
+    if _stored_as_extension(call, base):
+        return True
+    if isinstance(call, TokenCall):
+        assert isinstance(base, TokenCall)
+        return call.extends(base)
+    assert not isinstance(base, TokenCall)
+    return extends(call.prompt_ids, base)
 
 
-def find_parent(call: Call, earlier: list[Call], by_id: Mapping[str, Call]) -> Call | None:
-    """The earlier call whose full sequence `call`'s prompt extends, the longest one; None for a root."""
+def find_parent[AnyCall: (Call, TokenCall)](
+    call: AnyCall,
+    earlier: list[AnyCall],
+    by_id: Mapping[str, AnyCall],
+    full_lens: Sequence[int] | None = None,
+) -> AnyCall | None:
+    """The earlier call whose full sequence `call`'s prompt extends, the longest one; None for a root.
+    `full_lens`: each earlier call's prompt + output length, when the caller has them."""
     hint = by_id.get(call.extended_from) if call.extended_from else None
     best = hint if hint is not None and hint.seq < call.seq and _extends_call(call, hint) else None
     floor = _full_len(best) if best is not None else 0
-    limit = prompt_len(call)
-    candidates = [c for c in earlier if floor < _full_len(c) <= limit]
+    limit = _prompt_len(call)
+    lens = full_lens if full_lens is not None else [_full_len(c) for c in earlier]
+    if not lens or max(lens) <= floor:  # nothing longer than the hint: the hint it is
+        return best
+    candidates = [c for c, n in zip(earlier, lens, strict=False) if floor < n <= limit]
     candidates.sort(key=lambda c: (_full_len(c), c.seq), reverse=True)
     for cand in candidates:
         if _extends_call(call, cand):
@@ -88,12 +111,12 @@ def _trajectory(path: list[Call], owned: list[Call], episode: Episode | None) ->
     logprobs: list[float | None] = [None] * n
     spans: list[tuple[int, int]] = []
     for call in owned:
-        p, o = prompt_len(call), len(call.output_ids)
+        p, o = _prompt_len(call), len(call.output_ids)
         loss_mask[p : p + o] = [1] * o
         logprobs[p : p + o] = call.output_logprobs if call.output_logprobs else [None] * o
         spans.append((p, p + o))
-    metadata = call_metadata(leaf, episode)
-    metadata["call_output_spans"] = [list(s) for s in spans]
+    fields = leaf_fields(leaf, episode)
+    fields["metadata"]["call_output_spans"] = [list(s) for s in spans]
     return Trajectory(
         episode_id=leaf.episode_id,
         call_ids=[c.id for c in owned],
@@ -101,26 +124,42 @@ def _trajectory(path: list[Call], owned: list[Call], episode: Episode | None) ->
         input_ids=input_ids,
         loss_mask=loss_mask,
         logprobs=logprobs,
-        model=leaf.model,
-        weight_version=leaf.weight_version,
-        finish_reason=leaf.finish_reason,
-        messages=chat_messages(leaf.conversation, leaf.completion),
-        tools=chat_tools(leaf.conversation),
-        reward=leaf.reward if leaf.reward is not None else (episode.reward if episode else None),
-        group_id=episode.group_id if episode else None,
-        metadata=metadata,
+        **fields,
         call_spans=spans,
         **per_call_columns(owned),
     )
 
 
-def merge_episode(calls: list[Call], episode: Episode | None = None) -> Iterator[Trajectory]:
-    """The trajectories of one episode's exported calls (given in sequence order)."""
+def _span_trajectory(
+    path: list[TokenCall], owned: list[TokenCall], episode: Episode | None
+) -> SpanTrajectory:
+    leaf = path[-1]
+    spans = [(c.prompt_len, c.prompt_len + c.output_len) for c in owned]
+    per_call = per_call_columns(owned)  # first: the calls' bodies rebuilt in order, the leaf's last
+    fields = leaf_fields(leaf, episode)
+    fields["metadata"]["call_output_spans"] = [list(s) for s in spans]
+    return SpanTrajectory(
+        episode_id=leaf.episode_id,
+        call_ids=[c.id for c in owned],
+        strategy=STRATEGY,
+        input_ids=leaf.full_ids(),
+        call_spans=spans,
+        span_logprobs=[span_logprobs(c) for c in owned],
+        **fields,
+        **per_call,
+    )
+
+
+def leaf_paths[AnyCall: (Call, TokenCall)](
+    calls: Sequence[AnyCall],
+) -> Iterator[tuple[list[AnyCall], list[AnyCall]]]:
+    """(path from its root, the calls of it this trajectory owns) for each leaf of one episode's forest."""
     by_id = {c.id: c for c in calls}
-    parent: dict[str, Call | None] = {}
-    children: dict[str | None, list[Call]] = {None: []}
+    full_lens = [_full_len(c) for c in calls]
+    parent: dict[str, Any] = {}
+    children: dict[str | None, list[AnyCall]] = {None: []}
     for i, call in enumerate(calls):
-        up = find_parent(call, calls[:i], by_id)
+        up = find_parent(call, calls[:i], by_id, full_lens[:i])  # type: ignore[arg-type]
         parent[call.id] = up
         children[up.id if up is not None else None].append(call)
         children[call.id] = []
@@ -133,28 +172,41 @@ def merge_episode(calls: list[Call], episode: Episode | None = None) -> Iterator
         if kids:
             stack.extend(reversed(kids))
             continue
-        path: list[Call] = []
-        cur: Call | None = node
+        path: list[AnyCall] = []
+        cur: AnyCall | None = node
         while cur is not None:
             path.append(cur)
             cur = parent[cur.id]
         path.reverse()
         owned = [c for c in path if c.id not in claimed]
         claimed.update(c.id for c in owned)
-        yield _trajectory(path, owned, episode)
+        yield path, owned
+
+
+def merge_episode(
+    calls: list[Call] | list[TokenCall], episode: Episode | None = None
+) -> Iterator[Trajectory | SpanTrajectory]:
+    """The trajectories of one episode's exported calls (given in sequence order); SpanTrajectory objects
+    for TokenCalls."""
+    for path, owned in leaf_paths(calls):
+        if isinstance(path[-1], TokenCall):
+            yield _span_trajectory(path, owned, episode)  # type: ignore[arg-type]
+        else:
+            yield _trajectory(path, owned, episode)  # type: ignore[arg-type]
 
 
 def prefix_merge(
-    calls: Iterable[Call],
+    calls: Iterable[Call] | Iterable[TokenCall],
     *,
     episodes: Mapping[str, Episode] | None = None,
     include_failed: bool = False,
-) -> Iterator[Trajectory]:
+) -> Iterator[Trajectory | SpanTrajectory]:
     """Merge each episode's calls into leaf-path trajectories. `calls` come grouped by episode and in
     sequence order within it (as `Store.iter_calls` yields them); one episode is held in memory at a time.
     `include_failed` and `episodes` mean what they mean for per-request; the reward is the leaf call's own
-    when it has one, else its episode's."""
+    when it has one, else its episode's. From `TokenCall`s (store/token_calls.py) it yields SpanTrajectory
+    objects, equal in meaning, whose tokens stay arrays."""
     episodes = episodes or {}
     for episode_id, group in groupby(calls, key=lambda c: c.episode_id):
         selected = sorted((c for c in group if is_exported(c, include_failed)), key=lambda c: c.seq)
-        yield from merge_episode(selected, episodes.get(episode_id))
+        yield from merge_episode(selected, episodes.get(episode_id))  # type: ignore[arg-type]

@@ -6,7 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from polarproxy.store.records import Call
+from polarproxy.store.token_calls import TokenCall
 
 
 @dataclass(slots=True)
@@ -50,7 +53,7 @@ class Trajectory:
         return sum(self.loss_mask)
 
 
-def per_call_columns(calls: Sequence[Call]) -> dict[str, Any]:
+def per_call_columns(calls: Sequence[Call] | Sequence[TokenCall]) -> dict[str, Any]:
     """The Trajectory fields aligned with `call_ids`, for these calls (in order)."""
     return {
         "call_rewards": [c.reward for c in calls],
@@ -103,3 +106,90 @@ def assert_round_trip(traj: Trajectory, calls: Sequence[Call]) -> None:
     for i, (m, lp) in enumerate(zip(mask, lps, strict=True)):
         if i not in trainable and (m != 0 or lp is not None):
             fail(f"position {i} lies outside every call's output but has mask {m}, logprob {lp}")
+
+
+@dataclass(slots=True)
+class SpanTrajectory:
+    """A Trajectory whose tokens stay arrays: what the strategies build from `TokenCall`s (store/token_calls.py)
+    for the export writers, equal in meaning to the `Trajectory` of `to_trajectory()`.
+
+    `input_ids` is an int32 array; the loss mask and the logprobs are given by the call output spans:
+    mask 1 and the call's logprobs inside `call_spans[i]` (`span_logprobs[i]`, float32, None when the call
+    recorded none), mask 0 and logprob None everywhere else. The other fields are Trajectory's."""
+
+    episode_id: str
+    call_ids: list[str]
+    strategy: str
+    input_ids: np.ndarray
+    call_spans: list[tuple[int, int]]
+    span_logprobs: list[np.ndarray | None]
+    model: str
+    weight_version: str | None
+    finish_reason: str | None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None
+    group_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    call_rewards: list[float | None] = field(default_factory=list)
+    weight_versions: list[str | None] = field(default_factory=list)
+    temperatures: list[float | None] = field(default_factory=list)
+    mixed_weight_versions: list[bool] = field(default_factory=list)
+    advantage: float | None = None
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(b - a for a, b in self.call_spans)
+
+    def loss_mask_array(self) -> np.ndarray:
+        mask = np.zeros(len(self.input_ids), dtype=np.int8)
+        for a, b in self.call_spans:
+            mask[a:b] = 1
+        return mask
+
+    def logprob_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values, valid): float32 logprobs (0.0 where there is none) and where there is one."""
+        n = len(self.input_ids)
+        values = np.zeros(n, dtype=np.float32)
+        valid = np.zeros(n, dtype=np.bool_)
+        for (a, b), lps in zip(self.call_spans, self.span_logprobs, strict=True):
+            if lps is not None:
+                values[a:b] = lps
+                valid[a:b] = True
+        return values, valid
+
+    def to_trajectory(self) -> Trajectory:
+        """The same trajectory with list fields (what trajectory_to_row and assert_round_trip read)."""
+        n = len(self.input_ids)
+        logprobs: list[float | None] = [None] * n
+        for (a, b), lps in zip(self.call_spans, self.span_logprobs, strict=True):
+            if lps is not None:
+                logprobs[a:b] = lps.tolist()
+        return Trajectory(
+            episode_id=self.episode_id,
+            call_ids=self.call_ids,
+            strategy=self.strategy,
+            input_ids=self.input_ids.tolist(),
+            loss_mask=self.loss_mask_array().tolist(),
+            logprobs=logprobs,
+            model=self.model,
+            weight_version=self.weight_version,
+            finish_reason=self.finish_reason,
+            messages=self.messages,
+            tools=self.tools,
+            reward=self.reward,
+            group_id=self.group_id,
+            metadata=self.metadata,
+            call_spans=self.call_spans,
+            call_rewards=self.call_rewards,
+            weight_versions=self.weight_versions,
+            temperatures=self.temperatures,
+            mixed_weight_versions=self.mixed_weight_versions,
+            advantage=self.advantage,
+        )
+
+
+def span_logprobs(call: TokenCall) -> np.ndarray | None:
+    """A TokenCall's output logprobs for SpanTrajectory.span_logprobs (None: none recorded)."""
+    lps = call.output_logprobs
+    return lps if len(lps) else None

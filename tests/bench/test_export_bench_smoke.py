@@ -12,11 +12,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = [
-    ("read", "none"),
-    ("per-request", "jsonl"),
-    ("per-request", "parquet"),
-    ("prefix-merge", "jsonl"),
-    ("prefix-merge", "parquet"),
+    ("read", "none", "plain"),
+    ("read", "none", "arrays"),
+    *(
+        (strategy, fmt, path)
+        for strategy in ("per-request", "prefix-merge")
+        for fmt in ("jsonl", "parquet")
+        for path in ("plain", "arrays")
+    ),
 ]
 
 pytestmark = pytest.mark.integration  # child processes, the tiny model's tokenizer
@@ -45,7 +48,7 @@ def test_small_export_bench_reports_every_figure(tmp_path: Path, tiny_model_dir:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Prompt construction" in proc.stdout
     r = json.loads(out.read_text())
-    assert [(x["strategy"], x["format"]) for x in r["exports"]] == RUNS
+    assert [(x["strategy"], x["format"], x["path"]) for x in r["exports"]] == RUNS
     growth = context // calls
     per_episode = sum(growth * (i + 1) for i in range(calls))  # call i holds i+1 growth steps
     for x in r["exports"]:
@@ -67,7 +70,12 @@ def test_small_export_bench_reports_every_figure(tmp_path: Path, tiny_model_dir:
             assert s["total_tokens"] == episodes * growth * calls
         if x["strategy"] != "read":
             assert s["trainable_tokens"] == episodes * calls * max(1, growth // 4)
-            assert _positive(x["exported_tokens_per_s"]) and _positive(x["file_bytes"])
+            assert _positive(x["exported_tokens_per_s"]) and _positive(x["exported_tokens_per_cpu_s"])
+            assert _positive(x["file_bytes"])
+    by_run = {(x["strategy"], x["format"], x["path"]): x for x in r["exports"]}
+    for strategy, fmt, _path in RUNS[2::2]:  # the array path writes what the plain path writes
+        plain, arrays = by_run[strategy, fmt, "plain"], by_run[strategy, fmt, "arrays"]
+        assert arrays["stats"] == plain["stats"] and arrays["file_bytes"] == plain["file_bytes"]
     p = r["prompts"]
     assert p["mode"] == {"1": "fresh", "2": "extended", "6": "extended"}
     assert p["context_tokens"]["6"] > p["context_tokens"]["2"] > p["context_tokens"]["1"]

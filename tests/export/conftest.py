@@ -23,3 +23,9 @@ def recorded(tmp_path):
     ids = record_sample(store)
     yield store, ids
     store.close()
+
+
+@pytest.fixture
+def sample_recorder():
+    """record_sample itself, for tests that add more to the store it fills."""
+    return record_sample

@@ -182,6 +182,7 @@ def test_export_command_prints_merge_statistics(recorded, tmp_path):
         "total_tokens": sum(len(t.input_ids) for t in trajs),
         "per_request_tokens": per_request_tokens,
         "sequence_ratio": expected_calls / len(trajs),
+        "skipped_empty_rows": 0,
         "episodes": len(store.list_episodes(limit=None)),
         "filters": {},
         "advantages": None,
