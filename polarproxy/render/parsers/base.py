@@ -263,6 +263,8 @@ class Machine:
         self.raw = ""
         self._scanner = JsonValue()
         self._after_args = "text"
+        self._object = JsonValue()  # a call object read whole (`whole_call`)
+        self._scanned = 0
 
     def feed(self, text: str) -> None:
         self.buf += text
@@ -310,6 +312,32 @@ class Machine:
         self._scanner = JsonValue()
         self._after_args = after
         self.mode = "args"
+
+    def start_object(self) -> None:
+        """A JSON call object starts at `buf[0]`: read it with `whole_call` (unless its header streams)."""
+        self._object = JsonValue()
+        self._scanned = 0
+
+    def whole_call(self, after: str) -> bool:
+        """Scan the call object begun with `start_object` to its end; a `{"name", "arguments"|"parameters"}`
+        object is one call (then mode `after`), anything else is text. False: wait for more."""
+        end, done = self._object.scan(self.buf, self._scanned)
+        self._scanned = end
+        if not done:
+            return False
+        parsed = None
+        if not self._object.broken:
+            try:
+                parsed = call_from_object(json.loads(self.buf[:end]))
+            except ValueError:
+                parsed = None
+        if parsed is None:
+            return self.as_text()
+        self.out.whole_call(*parsed)
+        self.raw = ""
+        self.drop(end)
+        self.mode = after
+        return True
 
     def on_args(self) -> bool:
         end, done = self._scanner.scan(self.buf)

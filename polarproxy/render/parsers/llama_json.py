@@ -9,14 +9,11 @@ that is not JSON (Llama's built-in tools) is text too.
 
 from __future__ import annotations
 
-import json
 import re
 
 from polarproxy.render.parsers.base import (
     JSON_CALL_HEADER,
-    JsonValue,
     Machine,
-    call_from_object,
     could_start,
     header_name,
 )
@@ -57,8 +54,7 @@ class LlamaJsonParser(Machine):
         if not head.startswith("{"):
             return self.as_text()
         self.take(len(self.buf) - len(head))
-        self._object = JsonValue()
-        self._scanned = 0
+        self.start_object()
         self.mode = "head"
         return True
 
@@ -67,23 +63,7 @@ class LlamaJsonParser(Machine):
         if m and (name := header_name(m.group(1))):
             self.commit(name, m.end(), after="tail")
             return True
-        end, done = self._object.scan(self.buf, self._scanned)
-        self._scanned = end
-        if not done:
-            return False
-        parsed = None
-        if not self._object.broken:
-            try:
-                parsed = call_from_object(json.loads(self.buf[:end]))
-            except ValueError:
-                parsed = None
-        if parsed is None:
-            return self.as_text()
-        self.out.whole_call(*parsed)
-        self.raw = ""
-        self.drop(end)
-        self.mode = "between"
-        return True
+        return self.whole_call(after="between")
 
     def on_tail(self) -> bool:
         """After the arguments: the object's closing `}`."""

@@ -8,14 +8,12 @@ shape is parsed whole when it closes. Whatever does not parse, from there on, is
 
 from __future__ import annotations
 
-import json
 import re
 
 from polarproxy.render.parsers.base import (
     JSON_CALL_HEADER,
     JsonValue,
     Machine,
-    call_from_object,
     header_name,
 )
 
@@ -68,8 +66,7 @@ class MistralParser(Machine):
         if not head.startswith("{"):
             return self.as_text()
         self.take(ws)
-        self._object = JsonValue()
-        self._scanned = 0
+        self.start_object()
         self.mode = "head"
         return True
 
@@ -79,23 +76,7 @@ class MistralParser(Machine):
             self.commit(name, m.end(), after="rest")
             self._object = JsonValue(depth=1)  # the rest of the object, after its arguments
             return True
-        end, done = self._object.scan(self.buf, self._scanned)
-        self._scanned = end
-        if not done:
-            return False
-        parsed = None
-        if not self._object.broken:
-            try:
-                parsed = call_from_object(json.loads(self.buf[:end]))
-            except ValueError:
-                parsed = None
-        if parsed is None:
-            return self.as_text()
-        self.out.whole_call(*parsed)
-        self.raw = ""
-        self.drop(end)
-        self.mode = "items"
-        return True
+        return self.whole_call(after="items")
 
     def on_rest(self) -> bool:
         """The object's other keys (the template's `"id"`), up to its closing brace: not part of the call."""
