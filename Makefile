@@ -101,6 +101,7 @@ bench: $(STAMP)
 	$(PY) bench/fidelity_ablation.py --json bench/results/fidelity-latest.json
 	$(PY) bench/train_step.py --json bench/results/train-step-latest.json
 	$(PY) bench/rollout_throughput.py --json bench/results/rollout-latest.json
+	$(PY) bench/rollout_throughput.py --episodes 256 --concurrency 16 --repeats 1 --json bench/results/rollout-256-latest.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check polarproxy tests examples bench addons
