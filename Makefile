@@ -102,6 +102,8 @@ bench: $(STAMP)
 	$(PY) bench/train_step.py --json bench/results/train-step-latest.json
 	$(PY) bench/rollout_throughput.py --json bench/results/rollout-latest.json
 	$(PY) bench/rollout_throughput.py --episodes 256 --concurrency 16 --repeats 1 --json bench/results/rollout-256-latest.json
+	$(PY) bench/long_context.py --profile .cache/bench/long-context-profile.json --json bench/results/long-context-latest.json
+	$(PY) bench/serve_memory.py --json bench/results/serve-memory-latest.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check polarproxy tests examples bench addons
