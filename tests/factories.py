@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from polarproxy.store.records import CallResult, CallStart, EpisodeStart
 from polarproxy.store.store import Store
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "chat-templates"  # ../shared
+
+
+def shared_template(name: str) -> Path:
+    """A real chat template of ../shared/fixtures/chat-templates (`qwen3` or `qwen3.jinja`); the test is
+    skipped, saying why, in a checkout without ../shared beside it (CI has it)."""
+    path = TEMPLATES / (name if name.endswith(".jinja") else f"{name}.jinja")
+    if not path.is_file():
+        pytest.skip(
+            f"{path} is absent: the real templates live in ../shared beside the checkout (CI has them)"
+        )
+    return path
 
 
 def record_summary(stderr: str) -> dict[str, Any]:

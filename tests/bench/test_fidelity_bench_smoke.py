@@ -10,15 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from factories import shared_template
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = REPO.parent / "shared" / "fixtures" / "chat-templates" / "qwen3.jinja"
 
 
 def test_quick_ablation_shows_zero_prefix_breaks_against_re_tokenizing_drift(tmp_path: Path) -> None:
-    if not TEMPLATE.is_file():
-        pytest.skip(f"{TEMPLATE} is absent: the real templates live in ../shared beside the checkout")
+    shared_template("qwen3")
     out = tmp_path / "ablation.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "fidelity_ablation.py"), "--quick", "--json", str(out)],

@@ -12,7 +12,7 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
+from factories import shared_template
 
 from polarproxy.conversation import Completion, Conversation, Message, Tool, ToolCall
 from polarproxy.render.prefix import PrefixIndex, Prompt, Turn
@@ -20,7 +20,6 @@ from polarproxy.render.renderer import Renderer
 from polarproxy.tiny.formats import Family, detect_family
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat-templates"
 TINY = "tiny"  # the project's own template
 NAMES = (
     "deepseek-v3-tools",
@@ -36,14 +35,7 @@ _renderers: dict[str, Renderer] = {}
 
 
 def template_text(name: str) -> str | None:
-    if name == TINY:
-        return None
-    path = TEMPLATES / f"{name}.jinja"
-    if not path.is_file():
-        pytest.skip(
-            f"{path} is absent: the real templates live in ../shared beside the checkout (CI has them)"
-        )
-    return path.read_text()
+    return None if name == TINY else shared_template(name).read_text()
 
 
 def _key(template: str | None) -> str:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from factories import TEMPLATES, shared_template
 
 from polarproxy.errors import UsageError
 from polarproxy.render.family import (
@@ -13,8 +12,6 @@ from polarproxy.render.family import (
     tokenizer_output_format,
 )
 from polarproxy.tiny.template import CHAT_TEMPLATE
-
-TEMPLATES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "chat-templates"  # ../shared
 
 EXPECTED = {
     "qwen3.jinja": ("hermes", "think"),
@@ -27,12 +24,7 @@ EXPECTED = {
 
 
 def template(name):
-    path = TEMPLATES / name
-    if not path.is_file():
-        pytest.skip(
-            f"{path} is absent: the real templates live in ../shared beside the checkout (CI has them)"
-        )
-    return path.read_text()
+    return shared_template(name).read_text()
 
 
 def test_every_shared_template_has_an_expected_format():

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from factories import shared_template
 
 from polarproxy.conversation import Conversation, Message, Tool
 from polarproxy.render.output_parser import parse_output
@@ -18,7 +19,6 @@ from polarproxy.render.renderer import Renderer
 from polarproxy.tiny.formats import detect_family, end_of_turn, template_tokens
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat-templates"
 NAMES = (
     "deepseek-v3-tools",
     "hermes-2-pro-tools",
@@ -65,12 +65,7 @@ SCRIPT = {
 
 
 def template_path(name: str) -> Path:
-    path = TEMPLATES / f"{name}.jinja"
-    if not path.is_file():
-        pytest.skip(
-            f"{path} is absent: the real templates live in ../shared beside the checkout (CI has them)"
-        )
-    return path
+    return shared_template(name)
 
 
 def cached_model(name: str) -> Path:
