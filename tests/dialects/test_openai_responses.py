@@ -14,7 +14,8 @@ from polarproxy.conversation import (
 )
 from polarproxy.dialects import DialectError, route
 from polarproxy.dialects.base import answer_signature
-from polarproxy.dialects.openai_responses import OpenAIResponses, split_tool_name
+from polarproxy.dialects.openai_responses import OpenAIResponses
+from polarproxy.dialects.openai_responses_output import split_tool_name
 from polarproxy.sse import KEEPALIVE, SSEDecoder
 
 RESP = OpenAIResponses()
