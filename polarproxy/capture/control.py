@@ -18,6 +18,10 @@ valid key, with the key of no episode or of a finished one is refused in its dia
 routes stay, but they too refuse a finished episode (409), one another live proxy records (403) and IDs
 that break the ID rule (400).
 
+Routing a call reads the database only when the episode (or key) was not confirmed in the last
+`ROUTE_TTL_S` seconds (`Routes`): an episode finished through this proxy is refused at once, one finished
+through another proxy on the same database within that time.
+
 The trajectory stream answers the export rows (schemas/export-row.v2.json, built by the export code) of
 the episodes finished here since the opaque cursor, in the order they were finished, long-polling up to
 `wait` seconds, so a puller that passes back each answer's cursor gets each trajectory once. With
@@ -36,6 +40,7 @@ import logging
 import math
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -64,6 +69,8 @@ ESTIMATORS = ("none", "grpo", "rloo")
 MAX_WAIT_S = 300.0
 POLL_S = 0.25  # how often a long poll looks for episodes finished by other proxies on the same database
 DEFAULT_LIMIT = 100
+ROUTE_TTL_S = 2.0  # how long a confirmed route is trusted without reading the database again
+MAX_ROUTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +119,50 @@ def decode_cursor(cursor: str | None) -> int:
     return seq
 
 
+class Routes:
+    """Routes confirmed recently: API-key hash -> episode, and episodes that take calls here, each with
+    the time it was confirmed. Dropped at once when the episode finishes here; at most `MAX_ROUTES`."""
+
+    def __init__(self, ttl_s: float = ROUTE_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._keys: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._episodes: OrderedDict[str, float] = OrderedDict()
+        self._ended: OrderedDict[str, None] = OrderedDict()  # finished here: never confirmed again
+
+    def keyed(self, key: str) -> str | None:
+        hit = self._keys.get(keys.key_hash(key))
+        if hit is None or time.monotonic() - hit[1] > self.ttl_s or hit[0] not in self._episodes:
+            return None
+        return hit[0]
+
+    def named(self, episode_id: str) -> bool:
+        at = self._episodes.get(episode_id)
+        return at is not None and time.monotonic() - at <= self.ttl_s
+
+    def confirm(self, episode_id: str, key: str | None = None) -> None:
+        if episode_id in self._ended:  # a read that raced its finish
+            return
+        now = time.monotonic()
+        self._episodes[episode_id] = now
+        self._episodes.move_to_end(episode_id)
+        if key is not None:
+            digest = keys.key_hash(key)
+            self._keys[digest] = (episode_id, now)
+            self._keys.move_to_end(digest)
+        self._trim()
+
+    def drop(self, episode_id: str) -> None:
+        """The episode finished: its key (whose entry names it) no longer routes either."""
+        self._episodes.pop(episode_id, None)
+        self._ended[episode_id] = None
+        self._trim()
+
+    def _trim(self) -> None:
+        for table in (self._episodes, self._keys, self._ended):
+            while len(table) > MAX_ROUTES:
+                table.popitem(last=False)
+
+
 class Control:
     """The control API and the episode routing of one `serve` proxy."""
 
@@ -129,6 +180,7 @@ class Control:
         self.url = url
         self.started = time.time()
         self._finished = asyncio.Event()  # set (and replaced) whenever an episode is finished here
+        self.routes = Routes()
 
     @property
     def store(self) -> Store:
@@ -143,6 +195,9 @@ class Control:
         `named` is the episode its header or `/e/ID/` path names (`from_path`: the path)."""
         key = request_key(req)
         if key is not None and (self.token or key.startswith(keys.KEY_PREFIX)):
+            routed = self.routes.keyed(key)
+            if routed is not None:
+                return routed
             found = await asyncio.to_thread(keys.lookup, self.store, key)
             if found is not None:
                 if found.finished:
@@ -152,6 +207,7 @@ class Control:
                         "calls. Create a new episode with POST /polarproxy/v1/episodes.",
                         "episode_finished",
                     )
+                self.routes.confirm(found.episode_id, key)
                 return found.episode_id
         if self.token or (key is not None and key.startswith(keys.KEY_PREFIX)):
             what = "carries no API key" if key is None else "carries an API key that names no episode"
@@ -171,22 +227,26 @@ class Control:
                 "A-Z a-z 0-9 _ . : -.",
                 "invalid_episode",
             )
+        if self.routes.named(named):
+            return named
         state = await asyncio.to_thread(keys.episode_state, self.store, named)
-        if state is None:
-            return named  # a new episode the harness names
-        status, writer_id = state
-        if status != "running":
-            return Refusal(
-                409, f"Episode {named} is finished ({status}); it takes no more calls.", "episode_finished"
-            )
-        if writer_id not in (None, self.writer.identity.id) and await asyncio.to_thread(
-            keys.writer_alive, self.store, writer_id
-        ):
-            return Refusal(
-                403,
-                f"Episode {named} is recorded by another running proxy; send its calls there.",
-                "episode_owned",
-            )
+        if state is not None:
+            status, writer_id = state
+            if status != "running":
+                return Refusal(
+                    409,
+                    f"Episode {named} is finished ({status}); it takes no more calls.",
+                    "episode_finished",
+                )
+            if writer_id not in (None, self.writer.identity.id) and await asyncio.to_thread(
+                keys.writer_alive, self.store, writer_id
+            ):
+                return Refusal(
+                    403,
+                    f"Episode {named} is recorded by another running proxy; send its calls there.",
+                    "episode_owned",
+                )
+        self.routes.confirm(named)  # running here, or a new episode the harness names
         return named
 
     # ---- control routes --------------------------------------------------------------------------------
@@ -334,6 +394,7 @@ class Control:
             return
         from polarproxy.store.records import RewardOrigin
 
+        self.routes.drop(episode_id)  # its calls are refused from now on (read again, they find it finished)
         try:
             if reward is not None:
                 await self.writer.set_rewards(
