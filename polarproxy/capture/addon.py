@@ -3,8 +3,8 @@
 Load it with `mitmdump -s addons/polarproxy_recorder.py --mode reverse:http://BACKEND --set
 polarproxy_model=DIR`, or let `polarproxy record` / `polarproxy serve` run it in process. A request on a
 known provider route is parsed here (a malformed one is answered with a provider-shaped 4xx and recorded
-as failed), parked with the responder and forwarded to it, which streams the answer back through
-mitmproxy. Anything else gets a provider-shaped 404; nothing reaches the backend unrecorded.
+as failed) and its serving begins in this hook: a non-streamed call is answered from here, a streamed
+one is forwarded to the responder, which streams the answer back through mitmproxy. Anything else gets a provider-shaped 404; nothing reaches the backend unrecorded.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.connection import ConnectionState
 
 from polarproxy.capture.gateway import JSON_HEADERS, Gateway, GatewayOptions, PendingCall
 from polarproxy.capture.responder import Responder
@@ -240,9 +241,20 @@ class Recorder:
         start.model = conv.model
         start.stream = conv.stream
         start.conversation = conv.to_dict()
-        parked = self.responder.park(
-            PendingCall(flow_id=flow.id, episode_id=episode, dialect=dialect, conversation=conv, start=start)
+        call = PendingCall(
+            flow_id=flow.id, episode_id=episode, dialect=dialect, conversation=conv, start=start
         )
+        if not conv.stream:  # a whole answer: made here, no hop through the responder's endpoint
+            client = flow.client_conn
+            sink = await self.responder.serve_inline(
+                call, lambda: not (client.state & ConnectionState.CAN_READ)
+            )
+            if sink is None:
+                flow.kill()
+            else:
+                flow.response = http.Response.make(sink.status, bytes(sink.body), sink.headers)
+            return
+        parked = self.responder.serve_stream(call)
         flow.metadata[META_KEY] = flow.id
         req.scheme = "http"
         req.host = "127.0.0.1"

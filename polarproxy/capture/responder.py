@@ -1,9 +1,18 @@
-"""The loopback endpoint mitmproxy forwards gateway calls to, so that answers can be streamed.
+"""Where the gateway's answers go: in place for whole answers, through a loopback endpoint for streams.
 
-mitmproxy sends an addon-made response in one piece, but streams what a server sends. So the addon
-parses a harness request, parks it as a `PendingCall` and points the flow here; this server picks it up
-by flow ID and lets the gateway write the answer chunk by chunk (HTTP/1.1 chunked encoding). Its only
-client is mitmproxy in this same process, so it speaks just enough HTTP/1.1 for that.
+mitmproxy sends an addon-made response in one piece, but streams what a server sends. Either way the
+addon starts serving a call inside its request hook, so rendering and the backend's first token do not
+wait for anything else:
+
+- a non-streamed call (`serve_inline`) is written into a buffer, and the addon hands mitmproxy the
+  finished response: no second HTTP hop;
+- a streamed call (`serve_stream`) is written into a `HandoffSink` while the addon points the flow at
+  this loopback server; when mitmproxy's request for it arrives (by flow ID), what was buffered goes out
+  and the rest streams straight through (HTTP/1.1 chunked encoding). The hop's cost overlaps the
+  backend's time to first token instead of adding to it.
+
+Its only client is mitmproxy in this same process, so it speaks just enough HTTP/1.1 for that. The
+figures that chose this design are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from polarproxy.capture.gateway import PendingCall, Sink
 
@@ -36,6 +46,9 @@ class ChunkedSink(Sink):
         self.ended = False
 
     async def head(self, status: int, headers: dict[str, str]) -> None:
+        self.head_nowait(status, headers)
+
+    def head_nowait(self, status: int, headers: dict[str, str]) -> None:
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
         self._chunked = "content-length" not in headers
         for k, v in headers.items():
@@ -43,6 +56,14 @@ class ChunkedSink(Sink):
         if self._chunked:
             lines.append("transfer-encoding: chunked")
         self._w.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+
+    def end_nowait(self) -> None:
+        if self._chunked:
+            self._w.write(b"0\r\n\r\n")
+        self.ended = True
+
+    async def drain(self) -> None:
+        await self._w.drain()
 
     def send_nowait(self, data: bytes) -> None:
         if not data:
@@ -60,18 +81,104 @@ class ChunkedSink(Sink):
             await self._w.drain()
 
     async def end(self) -> None:
-        if self._chunked:
-            self._w.write(b"0\r\n\r\n")
+        self.end_nowait()
         await self._w.drain()
+
+
+class HandoffSink(Sink):
+    """A streamed answer begun before mitmproxy's connection to the responder is there: buffered until
+    `attach`, then passed straight to that connection."""
+
+    def __init__(self) -> None:
+        self._target: ChunkedSink | None = None
+        self._head: tuple[int, dict[str, str]] | None = None
+        self._data: list[bytes] = []
+        self._end = False
+
+    @property
+    def ended(self) -> bool:
+        return self._target.ended if self._target is not None else False
+
+    async def head(self, status: int, headers: dict[str, str]) -> None:
+        if self._target is not None:
+            await self._target.head(status, headers)
+        else:
+            self._head = (status, headers)
+
+    def send_nowait(self, data: bytes) -> None:
+        if self._target is not None:
+            self._target.send_nowait(data)
+        elif data:
+            self._data.append(data)
+
+    async def send(self, data: bytes) -> None:
+        if self._target is not None:
+            await self._target.send(data)
+        elif data:
+            self._data.append(data)
+
+    async def end(self) -> None:
+        if self._target is not None:
+            await self._target.end()
+        else:
+            self._end = True
+
+    async def attach(self, target: ChunkedSink) -> None:
+        """Write what was buffered to `target` (without yielding, so nothing can come between) and pass
+        everything after it straight through."""
+        if self._head is not None:
+            target.head_nowait(*self._head)
+            for data in self._data:
+                target.send_nowait(data)
+            if self._end:
+                target.end_nowait()
+        self._head, self._data = None, []
+        self._target = target
+        await target.drain()
+
+
+@dataclass(slots=True)
+class _Parked:
+    call: PendingCall
+    sink: HandoffSink
+    task: asyncio.Task[None]
+
+
+@dataclass
+class BufferSink(Sink):
+    """A whole answer, collected in memory (`serve_inline`)."""
+
+    status: int = 502
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytearray = field(default_factory=bytearray)
+    ended: bool = False
+
+    async def head(self, status: int, headers: dict[str, str]) -> None:
+        self.status, self.headers = status, headers
+
+    def send_nowait(self, data: bytes) -> None:
+        self.body += data
+
+    async def send(self, data: bytes) -> None:
+        self.body += data
+
+    async def end(self) -> None:
         self.ended = True
 
 
+# How often an answer served in place looks whether the harness hung up (mitmproxy holds the connection's
+# events while a hook runs, but marks the socket at once): first after FIRST_LOOK_S, then twice as long
+# each time, up to LOOK_S.
+FIRST_LOOK_S = 0.05
+LOOK_S = 0.5
+
+
 class Responder:
-    """Serves parked calls. `serve_call` is the gateway's `serve`."""
+    """Serves calls as the addon hands them over. `serve_call` is the gateway's `serve`."""
 
     def __init__(self, serve_call: Callable[[PendingCall, Sink], Awaitable[None]]) -> None:
         self._serve_call = serve_call
-        self.pending: dict[str, PendingCall] = {}
+        self.pending: dict[str, _Parked] = {}  # streams begun, waiting for mitmproxy's request
         self.running: dict[str, asyncio.Task[None]] = {}
         self._connections: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -87,6 +194,7 @@ class Responder:
             task.cancel()
         if self.running:
             await asyncio.gather(*self.running.values(), return_exceptions=True)
+        self.pending.clear()
         if self._server is not None:
             self._server.close()
             for w in list(self._connections):  # idle keep-alive connections would hold wait_closed() forever
@@ -94,8 +202,45 @@ class Responder:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
 
-    def park(self, call: PendingCall) -> str:
-        self.pending[call.flow_id] = call
+    def _begin(self, call: PendingCall, sink: Sink) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self._serve_call(call, sink))
+        if not task.done():  # an eager task factory may have run it to the end already
+            self.running[call.flow_id] = task
+            task.add_done_callback(lambda _t: self.running.pop(call.flow_id, None))
+        return task
+
+    async def serve_inline(self, call: PendingCall, client_gone: Callable[[], bool]) -> BufferSink | None:
+        """Serve `call` into a buffer; None when the harness hung up first (the gateway recorded the call
+        as aborted), the proxy is stopping, or serving failed (logged): the addon then closes the
+        connection rather than letting the flow go on to the reverse target."""
+        sink = BufferSink()
+        task = self._begin(call, sink)
+        wait = FIRST_LOOK_S
+        try:
+            while not task.done():
+                await asyncio.wait((task,), timeout=wait)
+                if not task.done() and client_gone():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    return None
+                wait = min(2 * wait, LOOK_S)
+        except asyncio.CancelledError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise
+        if task.cancelled():
+            return None
+        if task.exception() is not None:  # the gateway answers its own failures; this is a bug
+            log.error("serving call %s failed", call.flow_id, exc_info=task.exception())
+            return None
+        return sink
+
+    def serve_stream(self, call: PendingCall) -> str:
+        """Begin serving `call` into a handoff buffer; returns the path mitmproxy should request."""
+        sink = HandoffSink()
+        self.pending[call.flow_id] = _Parked(call, sink, self._begin(call, sink))
         return PATH_PREFIX + call.flow_id
 
     def abort(self, flow_id: str) -> None:
@@ -124,27 +269,27 @@ class Responder:
                 if length:
                     await reader.readexactly(length)
                 flow_id = path.removeprefix(PATH_PREFIX)
-                call = self.pending.pop(flow_id, None) if path.startswith(PATH_PREFIX) else None
-                sink = ChunkedSink(writer)
-                if call is None:
-                    await sink.head(404, {"content-length": "0"})
-                    await sink.end()
+                parked = self.pending.pop(flow_id, None) if path.startswith(PATH_PREFIX) else None
+                target = ChunkedSink(writer)
+                if parked is None:
+                    await target.head(404, {"content-length": "0"})
+                    await target.end()
                     continue
-                # Served inline on this connection's task: `abort` cancels it, which also ends the
-                # connection (a cancelled answer cannot be followed by another on it).
-                task = asyncio.current_task()
-                assert task is not None
-                self.running[flow_id] = task
+                await parked.sink.attach(target)
                 try:
-                    await self._serve_call(call, sink)
+                    # `abort` cancels the task; awaiting it then ends this connection too (a cancelled
+                    # answer cannot be followed by another on it)
+                    await parked.task
+                except asyncio.CancelledError:
+                    return
                 except Exception:
                     log.exception("serving call %s failed", flow_id)
                     return
-                finally:
-                    self.running.pop(flow_id, None)
-                if not sink.ended:
+                if not target.ended:
                     return
         except asyncio.CancelledError:
+            return
+        except (ConnectionError, OSError):
             return
         finally:
             self._connections.discard(writer)

@@ -57,7 +57,7 @@ async def test_chat_request_is_parked_and_forwarded_to_the_responder_without_sec
     assert f.request.host == "127.0.0.1" and f.request.port == 4242
     assert f.request.path == PATH_PREFIX + f.id
     assert "authorization" not in f.request.headers and f.request.content == b""
-    parked = addon.responder.pending[f.id]
+    parked = addon.responder.pending[f.id].call
     assert parked.conversation.stream and parked.episode_id == "ep_addon"
     assert parked.start.request_headers["authorization"] == "<redacted>"
     f.response = tutils.tresp(headers=((b"content-type", b"text/event-stream"),))
@@ -70,10 +70,23 @@ async def test_chat_request_is_parked_and_forwarded_to_the_responder_without_sec
 async def test_episode_comes_from_the_path_prefix(configured):
     addon, _ = configured
     f = chat_flow(
-        orjson.dumps({"messages": [{"role": "user", "content": "x"}]}), path="/e/ep_other/v1/chat/completions"
+        orjson.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}),
+        path="/e/ep_other/v1/chat/completions",
     )
     await addon.request(f)
-    assert addon.responder.pending[f.id].episode_id == "ep_other"
+    assert addon.responder.pending[f.id].call.episode_id == "ep_other"
+
+
+async def test_a_non_streamed_call_is_answered_in_the_hook_without_a_hop(configured):
+    addon, db = configured
+    f = chat_flow(orjson.dumps({"messages": [{"role": "user", "content": "x"}]}))
+    await addon.request(f)  # the backend (port 9) cannot be reached: the answer is the provider error
+    assert f.response is not None and f.response.status_code == 503
+    assert orjson.loads(f.response.content)["error"]["message"]
+    assert f.id not in addon.responder.pending and META_KEY not in f.metadata
+    assert f.request.port != 4242  # not pointed at the responder
+    (call,) = Store.open(str(db)).list_calls("ep_addon")
+    assert call.status == "failed" and call.http_status == 503
 
 
 async def test_malformed_request_is_answered_here_and_recorded_as_failed(configured):

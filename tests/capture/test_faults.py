@@ -116,6 +116,25 @@ def test_client_hanging_up_mid_stream_is_recorded_as_aborted(make_stub, make_pro
     assert httpx.post(proxy.url + CHAT, json=BODY, timeout=30).status_code == 200
 
 
+def test_client_hanging_up_during_a_non_streamed_call_is_recorded_as_aborted(make_stub, make_proxy):
+    # the answer is made inside the addon's request hook (no hop): the hang-up is seen while it waits
+    stub = make_stub(" ".join(["word"] * 200), per_token_ms=20)
+    proxy = make_proxy(stub.url)
+    with socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]))) as s:
+        body = orjson.dumps({**BODY, "max_tokens": 200})
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (CHAT.encode(), len(body), body)
+        )
+        assert wait_for(lambda: bool(calls(proxy)))  # in flight: the backend is generating
+    t0 = time.monotonic()
+    assert wait_for(lambda: calls(proxy)[0].status != "in_flight")
+    (c,) = calls(proxy)
+    assert c.status == "aborted" and "disconnected" in c.error
+    assert time.monotonic() - t0 < 2.0  # seen long before the 4 s answer would have been done
+    assert httpx.post(proxy.url + CHAT, json=BODY, timeout=30).status_code == 200
+
+
 def test_no_secret_reaches_the_database(make_stub, make_proxy, tmp_path):
     proxy = make_proxy(make_stub().url)
     secret = "sk-live-SECRET-1234567890"
