@@ -176,6 +176,7 @@ class ChatBackend:
                         raise BackendError(
                             "Backend ended the stream without a finish reason.", kind="backend_disconnected"
                         )
+                    await response.finish()  # the connection goes back to the pool
                     return
                 data = orjson.loads(ev.data)
                 if "error" in data:

@@ -51,42 +51,61 @@ class Response:
             self._chunked or self._remaining is not None
         )
         self._done = False
+        self._idle: _Idle | None = None
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         conn = self._conn
         assert conn is not None
         reader, timeout = conn.reader, self._client.read_timeout
+        # one timer for the whole body (not one per read), ended when the body is or at close()
+        idle = self._idle = self._idle or _Idle(conn, timeout)
         try:
             if self._chunked:
                 while True:
-                    line = await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout)
+                    line = await reader.readuntil(b"\r\n")
                     size = int(line.split(b";", 1)[0].strip() or b"0", 16)
                     if size == 0:
-                        while (await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout)) != b"\r\n":
+                        while (await reader.readuntil(b"\r\n")) != b"\r\n":
                             pass  # trailers
                         break
-                    data = await asyncio.wait_for(reader.readexactly(size + 2), timeout)
+                    data = await reader.readexactly(size + 2)
+                    idle.touch()
                     yield data[:-2]
             elif self._remaining is not None:
                 while self._remaining > 0:
-                    data = await asyncio.wait_for(reader.read(min(self._remaining, 65536)), timeout)
+                    data = await reader.read(min(self._remaining, 65536))
                     if not data:
                         raise HTTPError("the backend closed the connection before the end of the body")
+                    idle.touch()
                     self._remaining -= len(data)
                     yield data
             else:
-                while data := await asyncio.wait_for(reader.read(65536), timeout):
+                while data := await reader.read(65536):
+                    idle.touch()
                     yield data
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+            if idle.expired:
+                raise HTTPError(f"the backend sent nothing for {timeout:.0f} s") from e
             raise HTTPError(f"the backend connection broke mid-body: {e!r}") from e
-        except TimeoutError as e:
-            raise HTTPError(f"the backend sent nothing for {timeout:.0f} s") from e
+        idle.cancel()
         self._done = True
+
+    async def finish(self, timeout: float = 1.0) -> None:
+        """Read what is left of a body the server has said is complete (an SSE `[DONE]`), so that the
+        connection goes back to the pool; if that takes longer than `timeout` or fails, it is closed."""
+        if self._done or self._conn is None or not self._keep:
+            return
+        with contextlib.suppress(HTTPError, TimeoutError):
+            async with asyncio.timeout(timeout):
+                async for _ in self.iter_chunks():
+                    pass
 
     async def read(self) -> bytes:
         return b"".join([c async for c in self.iter_chunks()])
 
     async def close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -185,6 +204,33 @@ class HTTPClient:
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().close()
+
+
+class _Idle:
+    """Aborts a connection that has read nothing for `timeout` seconds (the read then fails, and
+    `expired` says why). Reads only note the time; the timer re-arms itself when it finds they did."""
+
+    __slots__ = ("_conn", "_handle", "_last", "_loop", "_timeout", "expired")
+
+    def __init__(self, conn: _Conn, timeout: float) -> None:
+        self._conn, self._timeout, self.expired = conn, timeout, False
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._handle = self._loop.call_at(self._last + timeout, self._check)
+
+    def touch(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self._timeout
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self.expired = True
+        self._conn.writer.transport.abort()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 class _Stale(Exception):

@@ -116,6 +116,7 @@ class SGLangBackend:
                         raise BackendError(
                             "Backend ended the stream without a finish reason.", kind="backend_disconnected"
                         )
+                    await response.finish()  # the connection goes back to the pool
                     return
                 data = orjson.loads(ev.data)
                 if "error" in data and "meta_info" not in data:

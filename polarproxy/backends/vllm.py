@@ -147,6 +147,7 @@ class VLLMBackend:
                         raise BackendError(
                             "Backend ended the stream without a finish reason.", kind="backend_disconnected"
                         )
+                    await response.finish()  # the connection goes back to the pool
                     return
                 data = orjson.loads(ev.data)
                 if "error" in data:
