@@ -158,7 +158,7 @@ class Recorder:
             return
         self.responder = Responder(self.gateway.serve)
         await self.responder.start()
-        if self.default_episode is None and self.writer is not None:
+        if self.default_episode is None and not self._injected and self.writer is not None:  # mitmdump
             self.default_episode = await self.writer.create_episode(EpisodeStart(command=["mitmdump"]))
 
     async def done(self) -> None:
@@ -199,7 +199,13 @@ class Recorder:
                 return
             episode = decided
         episode = episode or self.default_episode
-        assert episode is not None
+        if episode is None:  # a proxy without a default episode (a control token normally refuses first)
+            message = (
+                "This proxy has no default episode: name one with the x-polarproxy-episode header or an "
+                "/e/ID/ path, or send an episode's API key."
+            )
+            flow.response = http.Response.make(400, dialect.error(400, message, "no_episode"), JSON_HEADERS)
+            return
         await self.writer.ensure_episode(episode, EpisodeStart(command=["serve"]))
         start = CallStart(
             episode_id=episode,

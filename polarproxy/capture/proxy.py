@@ -20,7 +20,7 @@ async def start_proxy(
     gateway: Gateway,
     *,
     writer: object,
-    default_episode: str,
+    default_episode: str | None,  # None: every call names its episode (a control token guards the proxy)
     model_name: str,
     host: str = "127.0.0.1",
     port: int = 0,
@@ -29,7 +29,7 @@ async def start_proxy(
     recorder = Recorder(
         gateway=gateway,
         writer=writer,
-        default_episode=default_episode,  # type: ignore[arg-type]
+        default_episode=default_episode,
         model_name=model_name,
     )
     options: dict[str, object] = {

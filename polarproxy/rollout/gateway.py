@@ -153,23 +153,20 @@ class LocalGateway(ControlEpisodes):
         from polarproxy.capture.control import Control
         from polarproxy.capture.proxy import start_proxy
         from polarproxy.capture.runner import close_stack, open_stack
-        from polarproxy.store.records import EpisodeStart
 
         try:
             self.stack = await open_stack(self.cfg)
-            self.default_episode = await self.stack.writer.create_episode(
-                EpisodeStart(command=["rollout"], harness=self.cfg.harness, metadata=dict(self.cfg.metadata))
-            )
+            # no default episode: with the control token every call needs an episode's API key
             self.proxy = await start_proxy(
                 self.stack.gateway,
                 writer=self.stack.writer,
-                default_episode=self.default_episode,
+                default_episode=None,
                 model_name=self.stack.renderer.model_dir.name,
                 host="127.0.0.1",
                 port=self.cfg.port,
             )
             self.proxy.recorder.control = Control(
-                self.stack.writer, token=self.token, default_episode=self.default_episode, url=self.proxy.url
+                self.stack.writer, token=self.token, default_episode=None, url=self.proxy.url
             )
             self._stop = asyncio.Event()
         except BaseException as e:  # handed to the starting thread
@@ -179,7 +176,6 @@ class LocalGateway(ControlEpisodes):
         self._ready.set()
         await self._stop.wait()
         await self.proxy.stop()
-        await self.stack.writer.finish_episode(self.default_episode, status="ok", exit_code=None)
         await close_stack(self.stack)
 
     def _store_result(self, episode_id: str, result: VerifierResult) -> None:

@@ -113,3 +113,13 @@ async def test_unknown_route_and_models_list_are_answered_without_a_record(confi
     await addon.request(g)
     assert g.response.status_code == 404
     assert list(Store.open(str(db)).iter_calls()) == []
+
+
+async def test_without_a_default_episode_a_call_that_names_none_is_refused_and_not_recorded(configured):
+    addon, db = configured
+    addon.default_episode = None  # as the rollout gateway runs it (its control token refuses first)
+    f = chat_flow(orjson.dumps({"messages": [{"role": "user", "content": "x"}]}))
+    await addon.request(f)
+    assert f.response.status_code == 400
+    assert orjson.loads(f.response.content)["error"]["code"] == "no_episode"
+    assert list(Store.open(str(db)).iter_calls()) == []

@@ -49,11 +49,9 @@ def test_sixteen_episodes_at_concurrency_eight_complete_with_rewards_and_groups(
     assert all(e["trajectories"] == 1 for e in summary["episodes"])
     store = Store.open(str(db))
     try:
-        eps = [
-            e
-            for e in store.list_episodes(limit=None)
-            if e.task and e.metadata.get("rollout_id") == summary["rollout_id"]
-        ]
+        everything = store.list_episodes(limit=None)
+        assert all(e.task for e in everything), "the rollout left an episode of no task"
+        eps = [e for e in everything if e.metadata.get("rollout_id") == summary["rollout_id"]]
         assert len(eps) == 16
         groups = {e.group_id for e in eps}
         assert groups == {f"{summary['rollout_id']}:greet", f"{summary['rollout_id']}:shout"}
