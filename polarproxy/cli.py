@@ -3,7 +3,9 @@ shares its options and helpers through `polarproxy/commands/support.py`."""
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from typing import Annotated
 
 import typer
@@ -22,6 +24,7 @@ from polarproxy.commands.reward import reward
 from polarproxy.commands.rollout import rollout
 from polarproxy.commands.serve import serve
 from polarproxy.commands.show import show
+from polarproxy.commands.support import FAST_EXIT
 from polarproxy.commands.tiny import tiny_model
 from polarproxy.commands.train import train_command
 from polarproxy.commands.view import view
@@ -63,4 +66,15 @@ app.command()(view)
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        if not FAST_EXIT["on"]:
+            raise
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

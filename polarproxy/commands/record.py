@@ -21,7 +21,15 @@ from polarproxy.commands.proxy_options import (
     ToolFormatOpt,
     proxy_config,
 )
-from polarproxy.commands.support import DbOpt, ModelOpt, fail, open_or_explain, safe_text, usage_fail
+from polarproxy.commands.support import (
+    FAST_EXIT,
+    DbOpt,
+    ModelOpt,
+    fail,
+    open_or_explain,
+    safe_text,
+    usage_fail,
+)
 
 
 class RewardFrom(StrEnum):
@@ -290,6 +298,7 @@ def _run_gateway(cfg: Any, command: list[str], *, json_out: bool, json_file: Pat
     except PolarproxyError as e:
         fail(e.message, e.hint)
     summarize(outcome, cfg.db, mode="gateway", json_out=json_out, json_file=json_file)
+    FAST_EXIT["on"] = True  # the store is closed and the summary written: no teardown needed
     raise typer.Exit(outcome.exit_code)
 
 
@@ -334,4 +343,5 @@ def _record_intercept(
     except PolarproxyError as e:
         fail(e.message, e.hint)
     summarize(outcome, db, mode="intercept", json_out=json_out, json_file=json_file)
+    FAST_EXIT["on"] = True
     raise typer.Exit(outcome.exit_code)

@@ -26,6 +26,13 @@ ModelOpt = Annotated[
 ]
 
 
+# Set by a command whose work is all closed and flushed when it returns (`record`): `polarproxy.cli.main`
+# then ends the process without the interpreter's teardown, which takes ~0.9 s here once mitmproxy,
+# transformers and SQLAlchemy are loaded (bench/record_startup.py). Tests that call `app` in process are
+# not affected: only `main` looks at it.
+FAST_EXIT = {"on": False}
+
+
 def fail(message: str, hint: str | None = None) -> NoReturn:
     """`Error: <what>` then a hint, exit 1 (DESIGN.md §9)."""
     _error(message, hint, code=1)
