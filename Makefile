@@ -91,8 +91,21 @@ $(VLLM_VENV)/.installed:
 test-vllm: $(STAMP) $(VLLM_VENV)/.installed
 	POLARPROXY_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -m vllm -rs -s tests/backends/test_vllm_integration.py tests/backends/test_vllm_real_template.py
 
+# LiteLLM's proxy, the peer in the side-by-side run: its own venv, installed by `make bench` where it installs
+# (PyPI); without it the run goes on with the other targets.
+LITELLM_VENV    := .cache/litellm-venv
+LITELLM_VERSION := 1.108.7
+
+$(LITELLM_VENV)/.installed:
+	rm -rf $(LITELLM_VENV)
+	( $(PYTHON) -m venv $(LITELLM_VENV) && $(LITELLM_VENV)/bin/pip install -q "litellm[proxy]==$(LITELLM_VERSION)" \
+	  && touch $@ ) || echo "bench: LiteLLM did not install; the side-by-side run goes on without it"
+
 bench: $(STAMP)
-	$(PY) bench/proxy_overhead.py --json bench/results/latest.json
+	-@$(MAKE) --no-print-directory $(LITELLM_VENV)/.installed
+	$(PY) bench/proxy_overhead.py --json bench/results/latest.json \
+	  $$([ -f $(LITELLM_VENV)/.installed ] && echo --litellm $(LITELLM_VENV)/bin/litellm)
+	$(PY) bench/record_startup.py --json bench/results/record-startup-latest.json
 	$(PY) bench/stream_dialects.py --json bench/results/stream-latest.json
 	$(PY) bench/intercept_overhead.py --json bench/results/intercept-latest.json
 	$(PY) bench/store_write.py --json bench/results/store-latest.json

@@ -241,3 +241,32 @@ def test_t6_the_call_is_on_disk_before_the_finish_chunk_reaches_the_harness(make
                 elif status == "in_flight":
                     seen_in_flight = True  # and the in-flight row was on disk before the first byte
     assert seen_in_flight
+
+
+def test_the_proxy_loads_only_the_mitmproxy_addons_it_runs(make_stub, make_proxy):
+    """capture/mitm.py skips mitmproxy/addons/__init__.py (it imports ~30 default addons and ldap3):
+    a proxy started in a fresh process serves a call without them."""
+    import subprocess
+    import sys
+
+    stub = make_stub()
+    code = f"""
+import asyncio, sys, httpx
+from polarproxy.capture.mitm import start_mitm
+class Answer:
+    def request(self, flow):
+        from mitmproxy import http
+        flow.response = http.Response.make(200, b"ok")
+async def main():
+    m = await start_mitm(Answer(), {{"mode": ["reverse:{stub.url}"]}}, host="127.0.0.1", port=0)
+    async with httpx.AsyncClient(trust_env=False) as c:
+        r = await c.get(m.url + "/x")
+    await m.stop()
+    print(r.status_code, sorted(k for k in sys.modules if k.startswith("mitmproxy.addons.")), "ldap3" in sys.modules)
+asyncio.run(main())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    status, rest = r.stdout.split(" ", 1)
+    assert status == "200"
+    assert "proxyauth" not in rest and rest.strip().endswith("False"), rest
