@@ -4,7 +4,8 @@ Load it with `mitmdump -s addons/polarproxy_recorder.py --mode reverse:http://BA
 polarproxy_model=DIR`, or let `polarproxy record` / `polarproxy serve` run it in process. A request on a
 known provider route is parsed here (a malformed one is answered with a provider-shaped 4xx and recorded
 as failed) and its serving begins in this hook: a non-streamed call is answered from here, a streamed
-one is forwarded to the responder, which streams the answer back through mitmproxy. Anything else gets a provider-shaped 404; nothing reaches the backend unrecorded.
+one is forwarded to the responder, which streams the answer back through mitmproxy. Anything else gets
+a provider-shaped 404; nothing reaches the backend unrecorded.
 """
 
 from __future__ import annotations

@@ -120,45 +120,48 @@ def decode_cursor(cursor: str | None) -> int:
 
 
 class Routes:
-    """Routes confirmed recently: API-key hash -> episode, and episodes that take calls here, each with
-    the time it was confirmed. Dropped at once when the episode finishes here; at most `MAX_ROUTES`."""
+    """Routes confirmed recently, each with the time it was confirmed: API-key hash -> episode (read by
+    key), and episodes named by header or path (read with their owner checked). An episode finished here
+    stops routing at once either way. At most `MAX_ROUTES` of each."""
 
     def __init__(self, ttl_s: float = ROUTE_TTL_S) -> None:
         self.ttl_s = ttl_s
         self._keys: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._episodes: OrderedDict[str, float] = OrderedDict()
+        self._named: OrderedDict[str, float] = OrderedDict()
         self._ended: OrderedDict[str, None] = OrderedDict()  # finished here: never confirmed again
 
     def keyed(self, key: str) -> str | None:
         hit = self._keys.get(keys.key_hash(key))
-        if hit is None or time.monotonic() - hit[1] > self.ttl_s or hit[0] not in self._episodes:
+        if hit is None or time.monotonic() - hit[1] > self.ttl_s or hit[0] in self._ended:
             return None
         return hit[0]
 
     def named(self, episode_id: str) -> bool:
-        at = self._episodes.get(episode_id)
+        at = self._named.get(episode_id)
         return at is not None and time.monotonic() - at <= self.ttl_s
 
     def confirm(self, episode_id: str, key: str | None = None) -> None:
+        """`episode_id` takes calls: by `key`, or (None) when named by header or path."""
         if episode_id in self._ended:  # a read that raced its finish
             return
         now = time.monotonic()
-        self._episodes[episode_id] = now
-        self._episodes.move_to_end(episode_id)
-        if key is not None:
+        if key is None:
+            self._named[episode_id] = now
+            self._named.move_to_end(episode_id)
+        else:
             digest = keys.key_hash(key)
             self._keys[digest] = (episode_id, now)
             self._keys.move_to_end(digest)
         self._trim()
 
     def drop(self, episode_id: str) -> None:
-        """The episode finished: its key (whose entry names it) no longer routes either."""
-        self._episodes.pop(episode_id, None)
+        """The episode finished here."""
+        self._named.pop(episode_id, None)
         self._ended[episode_id] = None
         self._trim()
 
     def _trim(self) -> None:
-        for table in (self._episodes, self._keys, self._ended):
+        for table in (self._named, self._keys, self._ended):
             while len(table) > MAX_ROUTES:
                 table.popitem(last=False)
 

@@ -19,8 +19,10 @@ def test_a_confirmed_episode_and_key_route_until_the_ttl_passes(clock):
     routes = Routes(ttl_s=2.0)
     assert not routes.named("ep1") and routes.keyed("pp-k1") is None
     routes.confirm("ep1", "pp-k1")
-    assert routes.named("ep1") and routes.keyed("pp-k1") == "ep1"
-    assert routes.keyed("pp-other") is None
+    assert routes.keyed("pp-k1") == "ep1" and routes.keyed("pp-other") is None
+    assert not routes.named("ep1")  # a key's lookup did not check the owner a named call needs
+    routes.confirm("ep1")
+    assert routes.named("ep1")
     clock[0] += 2.5  # a finish through another proxy on the same database is seen within the TTL
     assert not routes.named("ep1") and routes.keyed("pp-k1") is None
 
@@ -28,9 +30,11 @@ def test_a_confirmed_episode_and_key_route_until_the_ttl_passes(clock):
 def test_an_episode_finished_here_stops_routing_at_once_and_a_racing_read_cannot_bring_it_back(clock):
     routes = Routes()
     routes.confirm("ep1", "pp-k1")
+    routes.confirm("ep1")
     routes.drop("ep1")
     assert not routes.named("ep1") and routes.keyed("pp-k1") is None
-    routes.confirm("ep1", "pp-k1")  # a read that began before the finish was stored
+    routes.confirm("ep1", "pp-k1")  # reads that began before the finish was stored
+    routes.confirm("ep1")
     assert not routes.named("ep1") and routes.keyed("pp-k1") is None
 
 
@@ -39,10 +43,11 @@ def test_the_tables_are_bounded(clock, monkeypatch):
     routes = Routes()
     for i in range(5):
         routes.confirm(f"ep{i}", f"pp-k{i}")
+        routes.confirm(f"ep{i}")
         routes.drop(f"gone{i}")
     assert not routes.named("ep0") and routes.keyed("pp-k1") is None
     assert routes.named("ep4") and routes.keyed("pp-k4") == "ep4"
-    assert max(len(routes._episodes), len(routes._keys), len(routes._ended)) == 3
+    assert max(len(routes._named), len(routes._keys), len(routes._ended)) == 3
 
 
 def test_keys_are_held_as_hashes_only():
