@@ -84,10 +84,10 @@ async def test_a_backend_that_goes_silent_times_out_and_one_that_keeps_sending_d
     async def stall(writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk(b"first"))
         await writer.drain()
-        await asyncio.sleep(5)
+        await asyncio.sleep(30)
 
     async with Server(stall) as url:
-        client = HTTPClient(url, read_timeout=0.3)
+        client = HTTPClient(url, read_timeout=0.5)
         response = await client.request("POST", "/generate", b"{}")
         got = []
         with pytest.raises(HTTPError, match="sent nothing for"):
@@ -96,10 +96,11 @@ async def test_a_backend_that_goes_silent_times_out_and_one_that_keeps_sending_d
         assert got == [b"first"]
         await response.close()
 
-    async with Server(lambda w: sse_answer(w, gap_s=0.15, tokens=6)) as url:  # 0.9 s in all, 0.15 s apart
-        client = HTTPClient(url, read_timeout=0.3)
+    # 1.5 s in all, more than the timeout, but never 1 s without a chunk (gaps of 0.1 s: a 10x margin)
+    async with Server(lambda w: sse_answer(w, gap_s=0.1, tokens=15)) as url:
+        client = HTTPClient(url, read_timeout=1.0)
         response = await client.request("POST", "/generate", b"{}")
         body = await response.read()
-        assert body.count(b"data: ") == 7
+        assert body.count(b"data: ") == 16
         await response.close()
         await client.aclose()
