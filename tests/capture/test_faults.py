@@ -242,6 +242,20 @@ def test_t6_the_call_is_on_disk_before_the_finish_chunk_reaches_the_harness(make
     assert seen_in_flight
 
 
+def test_t6_a_non_streamed_answer_comes_only_after_its_call_is_committed(make_stub, make_proxy, tmp_path):
+    # answered from the addon's hook (no hop): the whole body goes out after the finished record
+    import sqlite3
+
+    proxy = make_proxy(make_stub("one two three", per_token_ms=20).url)
+    for _ in range(3):
+        r = httpx.post(proxy.url + CHAT, json=BODY, timeout=30)
+        assert r.status_code == 200
+        db = sqlite3.connect(tmp_path / "p0.db")  # another connection: only committed rows show
+        statuses = [s for (s,) in db.execute("SELECT status FROM calls")]
+        db.close()
+        assert statuses and all(s == "ok" for s in statuses), statuses
+
+
 def test_the_proxy_loads_only_the_mitmproxy_addons_it_runs(make_stub, make_proxy):
     """capture/mitm.py skips mitmproxy/addons/__init__.py (it imports ~30 default addons and ldap3):
     a proxy started in a fresh process serves a call without them."""
