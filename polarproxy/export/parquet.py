@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["arrow_schema", "read_parquet_rows", "write_parquet"]
 
-# A row group is flushed once it holds this many tokens or rows: memory stays bounded by one row group.
+# A row group is flushed once it holds this many tokens or rows: memory stays bounded by two row groups
+# (one being written while the next is made).
 ROW_GROUP_TOKENS = 1 << 20
 ROW_GROUP_ROWS = 4096
 _JSON_TEXT = ("metadata",)
@@ -226,7 +228,17 @@ def write_parquet(
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=_STATISTICS_COLUMNS,
         ) as writer,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-write") as pool,
     ):
+        # A full row group is encoded and compressed in `pool` (pyarrow does it without the GIL) while the
+        # next one is made; at most one is written at a time, so memory holds two row groups at most.
+        pending: Future[None] | None = None
+
+        def flush(group: _RowGroup) -> Future[None]:
+            if pending is not None:
+                pending.result()
+            return pool.submit(writer.write_table, group.table(), row_group_size=group.rows)
+
         group = _RowGroup(schema)
         for traj in trajectories:
             if stats.skip_if_empty(traj):
@@ -234,10 +246,12 @@ def write_parquet(
             group.add(traj)
             stats.add(traj)
             if group.full():
-                writer.write_table(group.table(), row_group_size=group.rows)
+                pending = flush(group)
                 group = _RowGroup(schema)
         if group.rows:
-            writer.write_table(group.table(), row_group_size=group.rows)
+            pending = flush(group)
+        if pending is not None:
+            pending.result()
     return stats
 
 

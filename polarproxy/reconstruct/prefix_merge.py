@@ -88,14 +88,26 @@ def find_parent[AnyCall: (Call, TokenCall)](
 ) -> AnyCall | None:
     """The earlier call whose full sequence `call`'s prompt extends, the longest one; None for a root.
     `full_lens`: each earlier call's prompt + output length, when the caller has them."""
+    lens = full_lens if full_lens is not None else [_full_len(c) for c in earlier]
+    return _find_parent(call, earlier, len(earlier), by_id, lens, max(lens, default=0))
+
+
+def _find_parent[AnyCall: (Call, TokenCall)](
+    call: AnyCall,
+    calls: Sequence[AnyCall],
+    n: int,
+    by_id: Mapping[str, AnyCall],
+    full_lens: Sequence[int],
+    longest: int,
+) -> AnyCall | None:
+    """find_parent among `calls[:n]`, whose full lengths are `full_lens[:n]` and at most `longest`."""
     hint = by_id.get(call.extended_from) if call.extended_from else None
     best = hint if hint is not None and hint.seq < call.seq and _extends_call(call, hint) else None
     floor = _full_len(best) if best is not None else 0
-    limit = _prompt_len(call)
-    lens = full_lens if full_lens is not None else [_full_len(c) for c in earlier]
-    if not lens or max(lens) <= floor:  # nothing longer than the hint: the hint it is
+    if longest <= floor:  # nothing longer than the hint: the hint it is (an agent loop's every call)
         return best
-    candidates = [c for c, n in zip(earlier, lens, strict=False) if floor < n <= limit]
+    limit = _prompt_len(call)
+    candidates = [c for c, k in zip(calls[:n], full_lens[:n], strict=True) if floor < k <= limit]
     candidates.sort(key=lambda c: (_full_len(c), c.seq), reverse=True)
     for cand in candidates:
         if _extends_call(call, cand):
@@ -158,8 +170,10 @@ def leaf_paths[AnyCall: (Call, TokenCall)](
     full_lens = [_full_len(c) for c in calls]
     parent: dict[str, Any] = {}
     children: dict[str | None, list[AnyCall]] = {None: []}
+    longest = 0  # the longest full sequence among the calls before call i
     for i, call in enumerate(calls):
-        up = find_parent(call, calls[:i], by_id, full_lens[:i])  # type: ignore[arg-type]
+        up = _find_parent(call, calls, i, by_id, full_lens, longest)
+        longest = max(longest, full_lens[i])
         parent[call.id] = up
         children[up.id if up is not None else None].append(call)
         children[call.id] = []

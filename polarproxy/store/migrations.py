@@ -55,6 +55,18 @@ def applied_migrations(conn: Connection) -> list[str]:
     return [name for (name,) in rows]
 
 
+def sampling_recorded_since(conn: Connection) -> float:
+    """When m005 was applied (seconds since the epoch): every call started later has its request's temperature
+    in `calls.temperature`; an older call may have NULL there and the temperature in its request only.
+    Calls' clocks may run behind the migrating process's; such a call just reads its request. +inf while
+    m005 is not recorded."""
+    name = m005_rewards_and_sampling.__name__
+    applied = conn.execute(
+        select(migrations_table.c.applied_at).where(migrations_table.c.name == name)
+    ).scalar()
+    return datetime.datetime.fromisoformat(applied).timestamp() if applied else float("inf")
+
+
 def migrate(engine: Engine) -> list[str]:
     """Apply the migrations the database lacks; return their names (empty when it was up to date)."""
     applied: list[str] = []

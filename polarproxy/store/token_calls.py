@@ -26,6 +26,7 @@ from sqlalchemy import bindparam, func, select
 
 from polarproxy.store import schema, textdelta
 from polarproxy.store.errors import NotFoundError, StoreError
+from polarproxy.store.migrations import sampling_recorded_since
 from polarproxy.store.query import EpisodeQuery
 from polarproxy.store.records import Call
 
@@ -63,6 +64,7 @@ _COLUMNS = (
     C.c.completion_json,
     C.c.bodies_delta,
     C.c.conversation_json,
+    C.c.started_at,
 )
 _CHUNK = (
     select(*_COLUMNS)
@@ -86,10 +88,11 @@ _BODY_OF = select(C.c.prompt_base_call_id, C.c.bodies_delta, C.c.conversation_js
 class _Episode:
     """One episode's stored rows while it is read: the bases its calls' prompts and bodies are rebuilt from."""
 
-    __slots__ = ("_bodies", "_conversations", "_full", "_read", "tokens")
+    __slots__ = ("_bodies", "_conversations", "_full", "_read", "sampling_since", "tokens")
 
-    def __init__(self, read: Any) -> None:
+    def __init__(self, read: Any, sampling_since: float) -> None:
         self._read = read
+        self.sampling_since = sampling_since  # calls started before this may lack their temperature column
         self.tokens: dict[str, tuple[str | None, int, bytes, bytes]] = {}  # id -> base, base_len, tail, out
         self._bodies: dict[str, tuple[str | None, Any, str | None]] = {}  # id -> base, delta, conversation
         self._full: OrderedDict[str, bytes] = OrderedDict()
@@ -236,6 +239,7 @@ class TokenCall:
         "_conversation",
         "_episode",
         "_logprobs",
+        "_maybe_unsampled",
         "_output",
         "_temperature",
         "backend",
@@ -290,6 +294,7 @@ class TokenCall:
         self._completion = row[23]
         self._conversation = _UNREAD
         self._episode = episode
+        self._maybe_unsampled = row[26] < episode.sampling_since
 
     @property
     def output_ids(self) -> np.ndarray:
@@ -347,8 +352,9 @@ class TokenCall:
     @property
     def temperature(self) -> Any:
         """The recorded temperature; for a call recorded before m005 (NULL), its request's own, as
-        `Store.iter_calls` gives it."""
-        if self._temperature is not None:
+        `Store.iter_calls` gives it. A call started after m005 was applied has its request's temperature in
+        the column (NULL: the request named none, call_writes.py), so only older calls read the request."""
+        if self._temperature is not None or not self._maybe_unsampled:
             return self._temperature
         if self._conversation is _UNREAD:
             text = self._conversation_text()
@@ -381,6 +387,8 @@ def iter_token_calls(
     Episodes are read together while they hold at most `ROWS_PER_READ` calls in all, and a larger one
     `ROWS_PER_READ` calls at a time; each read is its own short transaction."""
     read = _reader(store)
+    with read() as conn:
+        since = sampling_recorded_since(conn)
     count = select(func.count()).where(C.c.episode_id == E.c.id).scalar_subquery()
     query = select(E.c.id, count).order_by(E.c.started_at, E.c.id)
     if where is not None:
@@ -397,18 +405,18 @@ def iter_token_calls(
     size = 0
     for eid, n in ordered:
         if group and size + n > ROWS_PER_READ:
-            yield from _read_group(read, group)
+            yield from _read_group(read, group, since)
             group, size = [], 0
         if n > ROWS_PER_READ:
-            yield from _read_large(read, eid)
+            yield from _read_large(read, eid, since)
             continue
         group.append(eid)
         size += n
     if group:
-        yield from _read_group(read, group)
+        yield from _read_group(read, group, since)
 
 
-def _read_group(read: Any, episode_ids: list[str]) -> Iterator[TokenCall]:
+def _read_group(read: Any, episode_ids: list[str], since: float) -> Iterator[TokenCall]:
     with read() as conn:
         rows = conn.execute(_GROUP, {"b_episodes": episode_ids}).all()
     by_episode: dict[str, list[Any]] = {eid: [] for eid in episode_ids}
@@ -416,14 +424,14 @@ def _read_group(read: Any, episode_ids: list[str]) -> Iterator[TokenCall]:
         by_episode[row[1]].append(row)
     del rows
     for eid in episode_ids:
-        episode = _Episode(read)
+        episode = _Episode(read, since)
         for row in by_episode.pop(eid):
             episode.add(row)
             yield TokenCall(row, episode)
 
 
-def _read_large(read: Any, episode_id: str) -> Iterator[TokenCall]:
-    episode = _Episode(read)
+def _read_large(read: Any, episode_id: str, since: float) -> Iterator[TokenCall]:
+    episode = _Episode(read, since)
     after = -1
     while True:
         with read() as conn:

@@ -4,6 +4,7 @@ take; token exports leave out rows without tokens and count them; export files f
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import stat
@@ -21,6 +22,7 @@ from polarproxy.export.run import run_export
 from polarproxy.reconstruct import reconstruct
 from polarproxy.store import CallResult, CallStart, EpisodeStart, Store
 from polarproxy.store import token_calls as token_calls_module
+from polarproxy.store.migrations import migrations_table
 from polarproxy.store.schema import calls as calls_table
 from polarproxy.store.token_calls import iter_token_calls
 
@@ -106,9 +108,16 @@ def _rich_store(tmp_path, record_sample) -> Store:
             _start(first_episode, base.prompt_ids + base.output_ids + tail, [], extended_from=base.id)
         )
         _finish(store, cid, out)
-    # rows recorded before m005 have no temperature column value: the request's applies
+    # rows recorded before m005 (a database upgraded to it after they were written) have no temperature
+    # column value: the request's applies
     with store.engine.begin() as conn:
         conn.execute(update(calls_table).where(calls_table.c.temperature == 0.3).values(temperature=None))
+        later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=5)
+        conn.execute(
+            update(migrations_table)
+            .where(migrations_table.c.name == "m005_rewards_and_sampling")
+            .values(applied_at=later.isoformat())
+        )
     store.set_reward(first_episode, 0.5)
     store.set_reward(second_episode, 0.0)
     store.set_reward(loop, 1.0)  # alone in its group: no advantage
@@ -183,6 +192,24 @@ def test_token_calls_hold_the_values_of_the_stored_calls(rich):
             c.mixed_weight_versions,
             c.has_tools,
         )
+
+
+def test_calls_recorded_after_m005_give_their_temperature_without_reading_the_request(tmp_path, monkeypatch):
+    store = Store.open(tmp_path / "pp.db")
+    _agent_loop(store)  # temperatures set, asked in the request only (stored in the column), or absent
+    plain = {c.id: c.temperature for c in store.iter_calls()}
+    read: list[str] = []
+    original = token_calls_module._Episode.conversation
+
+    def counted(self, call_id):
+        read.append(call_id)
+        return original(self, call_id)
+
+    monkeypatch.setattr(token_calls_module._Episode, "conversation", counted)
+    fast = {c.id: c.temperature for c in iter_token_calls(store)}
+    store.close()
+    assert fast == plain and {0.7, 0.3, None} <= set(fast.values())
+    assert read == []  # every NULL column here means "none asked": no request body rebuilt
 
 
 def test_a_non_finite_logprob_is_refused_alike_by_both_paths(tmp_path):

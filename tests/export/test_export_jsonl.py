@@ -1,11 +1,13 @@
 import io
 import math
+import threading
 
 import orjson
 import pytest
 from jsonschema import Draft202012Validator
 
 from polarproxy.export import ExportStats, load_schema, trajectory_to_row, write_jsonl
+from polarproxy.export import atomic as atomic_module
 from polarproxy.export.schema import schema_path
 from polarproxy.reconstruct import assert_round_trip, per_request
 
@@ -124,3 +126,38 @@ def test_load_schema_finds_the_top_level_schemas_folder():
     assert load_schema("export-row.v1")["properties"]["schema_version"] == {"const": 1}
     with pytest.raises(FileNotFoundError, match=r"No schema 'nope'.*Available: export-row\.v1"):
         load_schema("nope")
+
+
+def test_bytes_are_synced_ahead_in_the_background_and_the_file_is_the_same(recorded, tmp_path, monkeypatch):
+    store, _ = recorded
+    whole = tmp_path / "whole.jsonl"
+    write_jsonl(_trajectories(store), whole)
+    synced: list[str] = []
+    real = atomic_module.os.fdatasync
+
+    def fdatasync(fd):
+        synced.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(atomic_module, "SYNC_AHEAD_BYTES", 1)  # a background sync after every row
+    monkeypatch.setattr(atomic_module.os, "fdatasync", fdatasync)
+    ahead = tmp_path / "ahead.jsonl"
+    write_jsonl(_trajectories(store), ahead)
+    assert ahead.read_bytes() == whole.read_bytes()
+    assert synced and set(synced) == {"export-sync"}
+
+
+def test_a_failed_background_sync_fails_the_export_and_keeps_the_old_file(recorded, tmp_path, monkeypatch):
+    store, _ = recorded
+    out = tmp_path / "rows.jsonl"
+    out.write_text("old\n")
+
+    def fdatasync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic_module, "SYNC_AHEAD_BYTES", 1)
+    monkeypatch.setattr(atomic_module.os, "fdatasync", fdatasync)
+    with pytest.raises(OSError, match="No space left"):
+        write_jsonl(_trajectories(store), out)
+    assert out.read_text() == "old\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -144,6 +144,27 @@ def test_a_failed_parquet_export_leaves_the_old_file(recorded, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_failed_row_group_write_fails_the_export_and_keeps_the_old_file(recorded, tmp_path, monkeypatch):
+    store, _ = recorded
+    out = tmp_path / "rows.parquet"
+    out.write_bytes(b"old")
+    monkeypatch.setattr(parquet_module, "ROW_GROUP_ROWS", 1)  # row groups written in the background
+    written: list[int] = []
+    real = pq.ParquetWriter.write_table
+
+    def write_table(self, table, *args, **kw):
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(table.num_rows)
+        return real(self, table, *args, **kw)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", write_table)
+    with pytest.raises(OSError, match="No space left"):
+        write_parquet(_trajectories(store, "per-request", include_failed=True), out)
+    assert written == [1] and out.read_bytes() == b"old"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_an_empty_export_is_a_readable_parquet_file(tmp_path):
     stats = write_parquet([], tmp_path / "empty.parquet")
     assert stats.rows == 0 and stats.sequence_ratio is None
