@@ -328,7 +328,7 @@ def prompt_phase(turns: int, repeats: int, model: Path | None) -> dict[str, Any]
                 f"c{turn}",
                 conv,
                 Completion(tool_calls=[call], finish_reason="tool_calls"),
-                array("i", prompt.ids),
+                prompt.tokens,
                 array("i", output),
                 "<|im_end|>",
             ),

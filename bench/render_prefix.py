@@ -85,9 +85,7 @@ class Episode:
         call = ToolCall(f"call_{self.turn:09d}", "run_shell_command", json.dumps(args))
         completion = Completion(tool_calls=[call], finish_reason="tool_calls")
         closing = self.r.token_text(self.eos_id)
-        turn = Turn(
-            f"c{self.turn}", conv, completion, array("i", prompt.ids), array("i", out), closing, prompt.fold
-        )
+        turn = Turn(f"c{self.turn}", conv, completion, prompt.tokens, array("i", out), closing, prompt.fold)
         self.index.remember("ep", turn)
         if self.turn > 1 and prompt.mode != "extended":
             raise RuntimeError(f"turn {self.turn} was rendered fresh: {prompt.note}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,7 +69,7 @@ class Backend(Protocol):
     kind: str  # sglang | local | vllm | vllm-chat | sglang-chat
 
     def generate(
-        self, prompt_ids: list[int], params: GenerateParams, *, stream: bool
+        self, prompt_ids: Sequence[int], params: GenerateParams, *, stream: bool
     ) -> AsyncIterator[Generation]:
         """Yields growing generations; the last one has `finish_reason`. Raises BackendError."""
         ...

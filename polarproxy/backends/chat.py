@@ -15,7 +15,7 @@ polarproxy parses the sampled tokens as in token mode.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -144,7 +144,7 @@ class ChatBackend:
         return self.model
 
     def generate(
-        self, prompt_ids: list[int], params: GenerateParams, *, stream: bool
+        self, prompt_ids: Sequence[int], params: GenerateParams, *, stream: bool
     ) -> AsyncIterator[Generation]:
         raise BackendError("A chat-mode backend is given conversations, not token IDs (generate_chat).")
 

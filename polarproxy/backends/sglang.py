@@ -9,7 +9,7 @@ output so far); a server started with incremental streaming sends only new token
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -78,7 +78,7 @@ class SGLangBackend:
         raise BackendError(f"Backend {self.url}{path} answered {status}.", status=503)
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, *, stream: bool
+        self, prompt_ids: Sequence[int], params: GenerateParams, *, stream: bool
     ) -> AsyncIterator[Generation]:
         payload = {
             "input_ids": prompt_ids,

@@ -15,7 +15,8 @@ vLLM reports no weight version; records from it carry none.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from array import array
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -33,7 +34,7 @@ from polarproxy.sse import SSEDecoder
 
 
 def completion_request(
-    model: str, prompt_ids: list[int], params: GenerateParams, *, stream: bool
+    model: str, prompt_ids: Sequence[int], params: GenerateParams, *, stream: bool
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
@@ -50,9 +51,9 @@ def completion_request(
 class _Fold:
     """Accumulates choice deltas (streamed) or one whole choice into a growing Generation."""
 
-    def __init__(self, url: str, prompt_ids: list[int]) -> None:
+    def __init__(self, url: str, prompt_ids: Sequence[int]) -> None:
         self.url = url
-        self.sent_prompt = prompt_ids
+        self.sent_prompt = array("i", prompt_ids)
         self.ids: list[int] = []
         self.lps: list[float] = []
         self.prompt: list[int] | None = None
@@ -60,7 +61,7 @@ class _Fold:
     def add(self, choice: dict[str, Any]) -> Generation:
         if choice.get("prompt_token_ids") is not None and self.prompt is None:
             self.prompt = list(choice["prompt_token_ids"])
-            if self.prompt != self.sent_prompt:
+            if array("i", self.prompt) != self.sent_prompt:
                 raise BackendError(
                     f"Backend {self.url} consumed a different prompt than polarproxy sent "
                     f"({len(self.prompt)} vs {len(self.sent_prompt)} tokens); is a prompt template or "
@@ -120,7 +121,7 @@ class VLLMBackend:
         return self.model
 
     async def generate(
-        self, prompt_ids: list[int], params: GenerateParams, *, stream: bool
+        self, prompt_ids: Sequence[int], params: GenerateParams, *, stream: bool
     ) -> AsyncIterator[Generation]:
         payload = completion_request(await self.served_model(), prompt_ids, params, stream=stream)
         response = await post_json(self._http, self.url, "/v1/completions", payload)

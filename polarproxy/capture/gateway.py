@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,6 +25,7 @@ from polarproxy.render.decoder import OutputDecoder, output_decoder
 from polarproxy.render.family import tokenizer_output_format
 from polarproxy.render.prefix import PrefixIndex, Turn
 from polarproxy.render.renderer import Renderer
+from polarproxy.store.arrays import int32_array
 from polarproxy.store.records import CallResult, CallStart
 
 log = logging.getLogger("polarproxy.gateway")
@@ -127,7 +128,7 @@ class Gateway:
             seed=s.seed,
         )
 
-    def decoder(self, conv: Conversation, prompt_ids: list[int], stops: list[str]) -> OutputDecoder:
+    def decoder(self, conv: Conversation, prompt_ids: Sequence[int], stops: list[str]) -> OutputDecoder:
         """One call's output decoder: detokenizer, stop trimming and this model's parser, composed."""
         return output_decoder(
             self.renderer.decode,
@@ -135,7 +136,7 @@ class Gateway:
             stops=stops,
             tools=conv.tools,
             new_call_id=new_tool_call_id,
-            prompt_tail=self.renderer.decode(prompt_ids[-4:]),
+            prompt_tail=self.renderer.decode(list(prompt_ids[-4:])),
         )
 
     def shown_ids(self, gen: Generation, ids: list[int]) -> list[int]:
@@ -158,7 +159,7 @@ class Gateway:
         if is_chat_mode(self.backend):
             # The server renders the prompt and reports its IDs; the record is begun once they are known.
             start.fidelity, start.render_mode = "server-rendered", "server"
-            prompt_ids: list[int] = []
+            prompt_ids: Sequence[int] = []
         else:
             try:
                 if len(start.request_body) > INLINE_RENDER_CHARS:  # the request's size bounds the prompt's
@@ -170,7 +171,7 @@ class Gateway:
                 await self.record_failure(start, status="failed", error=msg, http_status=400)
                 await respond(sink, 400, JSON_HEADERS, dialect.error(400, msg, "render_error"))
                 return
-            prompt_ids = start.prompt_ids = prompt.ids
+            prompt_ids = start.prompt_ids = prompt.tokens
             start.render_mode = prompt.mode  # type: ignore[assignment]
             start.extended_from = prompt.extended_from
             # T2: the prompt is that call's whole prompt + output + new tokens; the store keeps only the new
@@ -223,7 +224,7 @@ class _CallRun:
         gw: Gateway,
         call: PendingCall,
         begin: asyncio.Future[tuple[str, int]] | None,  # None: begun at the first call_id() (chat mode)
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],  # an int32 array (Prompt.tokens), or the server's list in chat mode
         sink: Sink,
     ) -> None:
         self.gw = gw
@@ -424,7 +425,7 @@ class _CallRun:
                 call_id=await self.call_id(),
                 conversation=self.call.conversation,
                 completion=completion,
-                prompt_ids=array("i", self.prompt_ids),
+                prompt_ids=int32_array(self.prompt_ids),
                 output_ids=array("i", gen.output_ids),
                 closing_text=closing,
                 fold=self.call.prompt_fold,

@@ -99,7 +99,11 @@ class Turn:
 
 @dataclass(slots=True)
 class Prompt:
-    ids: list[int]
+    """A call's prompt. `tokens` is one int32 array: an extension is the earlier call's prompt and output
+    arrays joined with the tail's IDs at memory-copy speed, and the same array goes to the backend's JSON,
+    the store's packed column and the T2 index, with no Python int per token on the way."""
+
+    tokens: array[int]  # int32
     mode: str  # 'fresh' | 'extended'
     extended_from: str | None = None
     note: str | None = None  # why a call was rendered fresh where an earlier call existed, or what was added
@@ -108,6 +112,11 @@ class Prompt:
     # The template's closing text for an earlier answer that ended without its end-of-turn token: prompt
     # tokens of this call (masked), which the model did not sample.
     closing_added: str | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        """The prompt as a list (a copy: for tests and tools; the proxy reads `tokens`)."""
+        return self.tokens.tolist()
 
     def record_note(self) -> str | None:
         """The note as the call's record keeps it: why it was rendered fresh or what was added, then the
@@ -236,14 +245,16 @@ class PrefixIndex:
                 if turns
                 else None
             )
-            return Prompt(ids=rendered.ids, mode="fresh", note=note, policy="fresh", fold=rendered.fold)
+            return Prompt(
+                tokens=array("i", rendered.ids), mode="fresh", note=note, policy="fresh", fold=rendered.fold
+            )
         note = None
         for turn in sorted(turns, key=lambda t: len(t.conversation.messages), reverse=True):
             why = _mismatch(conv, turn)
             if why is None:
                 tail = self.tail(conv, turn)
                 if isinstance(tail, Tail):
-                    ids = [*turn.prompt_ids, *turn.output_ids, *self.renderer.encode(tail.text)]
+                    ids = turn.prompt_ids + turn.output_ids + array("i", self.renderer.encode(tail.text))
                     added = None
                     if tail.closing_added is not None:
                         added = (
@@ -252,7 +263,7 @@ class PrefixIndex:
                             "was added as prompt tokens (masked: the model did not sample them)"
                         )
                     return Prompt(
-                        ids=ids,
+                        tokens=ids,
                         mode="extended",
                         extended_from=turn.call_id,
                         note=added,
@@ -262,7 +273,9 @@ class PrefixIndex:
                 why = tail
             note = note or why
         rendered = self.renderer.render(conv)
-        return Prompt(ids=rendered.ids, mode="fresh", note=note if turns else None, fold=rendered.fold)
+        return Prompt(
+            tokens=array("i", rendered.ids), mode="fresh", note=note if turns else None, fold=rendered.fold
+        )
 
     # -- the tail -------------------------------------------------------------------------------
 

@@ -43,8 +43,16 @@ def _from_little_endian(
     return arr
 
 
+def int32_array(ids: Sequence[int]) -> array:
+    """`ids` as an int32 `array('i')`: the array itself when it is one already (no copy), else a new one."""
+    return ids if isinstance(ids, array) and ids.typecode == "i" else array("i", ids)
+
+
 def pack_ids(ids: Sequence[int], *, byteorder: str = sys.byteorder) -> bytes:
-    """Token IDs as little-endian int32 bytes. `byteorder` is the host's; it is a parameter only for tests."""
+    """Token IDs as little-endian int32 bytes. `byteorder` is the host's; it is a parameter only for tests.
+    An int32 `array('i')` (the proxy's prompts, render/prefix.py) is packed at memory-copy speed."""
+    if isinstance(ids, array) and ids.typecode == "i":
+        return _to_little_endian(ids, byteorder)
     try:
         arr = array("i", ids)
     except (OverflowError, TypeError):

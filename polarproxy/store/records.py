@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ class CallStart:
     request_headers: dict[str, str]  # already redacted (T5)
     request_body: str  # the provider request body as text, already redacted (T5)
     conversation: dict[str, Any] | None  # Conversation.to_dict(), None when the request did not parse
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # the proxy's: an int32 array (render/prefix.py Prompt.tokens); or a list
     backend: str = ""
     backend_kind: str = ""
     fidelity: Fidelity = "tokens"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 from sglang_double import SAMPLING_KEYS, Fault, SGLangDouble
 
@@ -49,6 +51,15 @@ async def test_stop_token_is_recorded_with_its_logprob(double, stream):
     if stream:  # one update per token, each adding exactly the new token
         assert [g.new_ids for g in gens] == [[11], [12], [13], [EOS]]
         assert all(g.finish_reason is None for g in gens[:-1])
+
+
+async def test_an_int32_array_prompt_is_sent_as_the_json_list_of_its_ids(double):
+    # The proxy's prompts are int32 arrays (render/prefix.py Prompt.tokens): the JSON the backend reads holds
+    # the same integers a list would give.
+    prompt = array("i", [0, 1, 2, 3, 998, 999])
+    gens = await _collect(double.url, prompt, GenerateParams(max_new_tokens=2), stream=False)
+    assert double.requests[-1]["input_ids"] == prompt.tolist()
+    assert gens[-1].prompt_tokens == len(prompt)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -164,7 +164,7 @@ class Episode:
             f"c{len(self.calls) + 1}",
             conv,
             completion,
-            array("i", prompt.ids),
+            prompt.tokens,
             array("i", out),
             closing,
             fold=prompt.fold,

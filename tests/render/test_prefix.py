@@ -69,6 +69,8 @@ def test_extension_is_earlier_prompt_plus_output_plus_the_new_messages(r):
     # nothing was dropped or re-serialized here, so the fresh render is the same token for token:
     # the rendering of the new messages is exactly the template's
     assert p.ids == r.render(req).ids
+    # one int32 array, whose leading part is the earlier call's arrays copied (no Python int per token)
+    assert p.tokens.typecode == "i" and p.tokens.tolist() == p.ids
 
 
 def test_the_model_keeps_seeing_its_own_tokens_where_a_fresh_render_would_drift(r):

@@ -1,9 +1,10 @@
 import math
 import struct
+from array import array
 
 import pytest
 
-from polarproxy.store.arrays import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from polarproxy.store.arrays import int32_array, pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -16,6 +17,14 @@ def test_ids_round_trip_including_int32_extremes():
 def test_ids_pack_as_little_endian_int32():
     ids = [1, 258, INT32_MIN, INT32_MAX]
     assert pack_ids(ids) == struct.pack("<4i", *ids)
+
+
+def test_an_int32_array_packs_to_the_bytes_of_its_list():
+    ids = [1, 258, INT32_MIN, INT32_MAX, 151645]
+    arr = array("i", ids)
+    assert pack_ids(arr) == pack_ids(ids) == struct.pack("<5i", *ids)
+    assert pack_ids(arr, byteorder="big") == struct.pack(">5i", *ids)
+    assert int32_array(arr) is arr and int32_array(ids) == arr
 
 
 def test_big_endian_host_byteswaps_on_pack_and_unpack():
