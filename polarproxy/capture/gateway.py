@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -22,7 +23,12 @@ from polarproxy.backends.base import Backend, BackendError, GenerateParams, Gene
 from polarproxy.conversation import Completion, Conversation, FinishReason, Usage
 from polarproxy.dialects.base import Dialect, StreamWriter, answer_signature
 from polarproxy.render.decoder import OutputDecoder, output_decoder
-from polarproxy.render.family import tokenizer_output_format
+from polarproxy.render.family import (
+    OutputFormat,
+    check_reasoning_format,
+    check_tool_format,
+    tokenizer_output_format,
+)
 from polarproxy.render.prefix import PrefixIndex, Turn
 from polarproxy.render.renderer import Renderer
 from polarproxy.store.arrays import int32_array
@@ -107,9 +113,19 @@ class Gateway:
         self.store = store
         self.options = options or GatewayOptions()
         self.prefixes = PrefixIndex(renderer, policy=self.options.prefix_policy)
-        # how this model writes reasoning and tool calls (render/family.py), unless the options say
-        self.output_format = tokenizer_output_format(
-            getattr(renderer, "tokenizer", None),
+        if self.options.tool_format is not None:  # refused at start, before the tokenizer is read
+            check_tool_format(self.options.tool_format)
+        if self.options.reasoning_format is not None:
+            check_reasoning_format(self.options.reasoning_format)
+        if renderer.loaded:
+            _ = self.output_format  # a loaded tokenizer: its formats are known now
+
+    @functools.cached_property
+    def output_format(self) -> OutputFormat:
+        """How this model writes reasoning and tool calls (render/family.py), unless the options say; read
+        from the tokenizer at the first call (a deferred one is loaded by then, `serve`)."""
+        return tokenizer_output_format(
+            self.renderer.tokenizer,
             tool_format=self.options.tool_format,
             reasoning_format=self.options.reasoning_format,
         )
@@ -156,6 +172,14 @@ class Gateway:
         start.backend = self.backend.url
         start.backend_kind = self.backend.kind
         begin: asyncio.Future[tuple[str, int]] | None = None
+        if not self.renderer.loaded:  # a deferred tokenizer (Renderer(defer=True)) still loading
+            try:
+                await self.renderer.ready()
+            except Exception as e:
+                msg = f"The proxy cannot serve: {e}"
+                await self.record_failure(start, status="failed", error=msg, http_status=500)
+                await respond(sink, 500, JSON_HEADERS, dialect.error(500, msg, "tokenizer_error"))
+                return
         if is_chat_mode(self.backend):
             # The server renders the prompt and reports its IDs; the record is begun once they are known.
             start.fidelity, start.render_mode = "server-rendered", "server"

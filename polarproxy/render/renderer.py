@@ -16,7 +16,10 @@ What real templates need, handled here the same way for every call:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -88,17 +91,23 @@ def template_tool(t: Tool) -> dict[str, Any]:
     }
 
 
+# transformers' lazy module is not safe to import from two threads at once (one of them can get "cannot
+# import name ..." from the half-initialized package): loads in this process take turns.
+_TRANSFORMERS_LOCK = threading.Lock()
+
+
 def _load_tokenizer(path: Path) -> Any:
     """The fast tokenizer of a model folder. `PreTrainedTokenizerFast` reads tokenizer.json, the special
     tokens and the chat template without importing torch (`AutoTokenizer` imports it: +500 MB in the proxy);
     folders without tokenizer.json fall back to AutoTokenizer."""
-    if (path / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
+    with _TRANSFORMERS_LOCK:
+        if (path / "tokenizer.json").is_file():
+            from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
-    from transformers import AutoTokenizer
+            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
 @dataclass(slots=True)
@@ -112,10 +121,64 @@ class TemplateRefused(ValueError):
     """The chat template refuses the conversation even after every fold. The gateway answers 400."""
 
 
-class Renderer:
-    """One model folder's tokenizer and chat template."""
+_NO_CHAT_TEMPLATE_HINT = "Add chat_template.jinja (or chat_template in tokenizer_config.json) to the folder."
+_LOADED = ("tokenizer", "_fast", "stop_token_ids")  # what loading the tokenizer sets
 
-    def __init__(self, model_dir: str | Path) -> None:
+
+def _has_chat_template(path: Path) -> bool:
+    """Whether the folder names a chat template where transformers looks for one, read without it."""
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+def _stop_ids(tokenizer: Any, path: Path) -> list[int]:
+    ids: list[int] = []
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _load(path: Path, model_dir: str | Path) -> dict[str, Any]:
+    """The attributes of `_LOADED` for a model folder; UsageError saying what is wrong with it."""
+    try:
+        tokenizer = _load_tokenizer(path)
+    except Exception as e:  # transformers raises many types for an unreadable folder
+        raise UsageError(
+            f"Cannot load a tokenizer from '{model_dir}': {e}",
+            hint="The folder needs tokenizer.json (or tokenizer files) that transformers can load offline.",
+        ) from e
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(f"The tokenizer in '{model_dir}' has no chat template.", hint=_NO_CHAT_TEMPLATE_HINT)
+    # the Rust tokenizer: encode/decode without overhead
+    return {
+        "tokenizer": tokenizer,
+        "_fast": tokenizer.backend_tokenizer,
+        "stop_token_ids": _stop_ids(tokenizer, path),
+    }
+
+
+class Renderer:
+    """One model folder's tokenizer and chat template.
+
+    `defer=True` (the proxy's start-up) checks the folder without loading anything (it exists, names a
+    chat template) and leaves the tokenizer unloaded: importing transformers and reading tokenizer.json
+    take ~1.5 s, which a `record` would otherwise spend before its harness starts. `load_in_background()`
+    then loads it in a daemon thread while the harness starts up, `await ready()` waits for it off the
+    event loop, and any other use of the tokenizer waits for it (or loads it) there and then. A load
+    that fails raises its UsageError at that first use."""
+
+    def __init__(self, model_dir: str | Path, *, defer: bool = False) -> None:
+        self._loading: Future[dict[str, Any]] | None = None
+        self._arguments_form: ArgumentsForm | None = None
         path = Path(model_dir)
         if not path.is_dir():
             raise UsageError(
@@ -123,34 +186,58 @@ class Renderer:
                 hint="Pass --model DIR with a folder holding tokenizer.json and a chat template "
                 "(`polarproxy tiny-model ./tiny` builds one).",
             )
-        try:
-            self.tokenizer = _load_tokenizer(path)
-        except Exception as e:  # transformers raises many types for an unreadable folder
-            raise UsageError(
-                f"Cannot load a tokenizer from '{model_dir}': {e}",
-                hint="The folder needs tokenizer.json (or tokenizer files) that transformers can load offline.",
-            ) from e
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise UsageError(
-                f"The tokenizer in '{model_dir}' has no chat template.",
-                hint="Add chat_template.jinja (or chat_template in tokenizer_config.json) to the folder.",
-            )
         self.model_dir = path
-        self._fast = self.tokenizer.backend_tokenizer  # the Rust tokenizer: encode/decode without overhead
-        self.stop_token_ids: list[int] = self._stop_ids(path)
-        self._arguments_form: ArgumentsForm | None = None
+        self._source = model_dir
+        if not defer:
+            self.__dict__.update(_load(path, model_dir))
+        elif not _has_chat_template(path):
+            raise UsageError(
+                f"The model folder '{model_dir}' has no chat template.", hint=_NO_CHAT_TEMPLATE_HINT
+            )
 
-    def _stop_ids(self, path: Path) -> list[int]:
-        ids: list[int] = []
-        gen = path / "generation_config.json"
-        if gen.is_file():
-            import json
+    tokenizer: Any
+    _fast: Any
+    stop_token_ids: list[int]
 
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
+    def __getattr__(self, name: str) -> Any:
+        # Reached only while a deferred tokenizer is not loaded yet (then the attributes are set).
+        if name in _LOADED:
+            self._ensure_loaded()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def loaded(self) -> bool:
+        return "tokenizer" in self.__dict__
+
+    def load_in_background(self) -> None:
+        """Start loading a deferred tokenizer in a daemon thread (nothing waits for it at exit)."""
+        if self.loaded or self._loading is not None:
+            return
+        future: Future[dict[str, Any]] = Future()
+        self._loading = future
+
+        def load() -> None:
+            try:
+                future.set_result(_load(self.model_dir, self._source))
+            except BaseException as e:  # handed to whoever waits
+                future.set_exception(e)
+
+        threading.Thread(target=load, name="polarproxy-tokenizer", daemon=True).start()
+
+    def _ensure_loaded(self) -> None:
+        if self.loaded:
+            return
+        loaded = self._loading.result() if self._loading is not None else _load(self.model_dir, self._source)
+        self.__dict__.update(loaded)
+
+    async def ready(self) -> None:
+        """Wait until the tokenizer is loaded, off the event loop; raises the load's UsageError."""
+        if not self.loaded:
+            self.load_in_background()
+            assert self._loading is not None
+            await asyncio.wrap_future(self._loading)
+            self._ensure_loaded()
 
     @property
     def arguments_form(self) -> ArgumentsForm:

@@ -71,9 +71,12 @@ def make_proxy(tmp_path: Path, tiny_model_dir: Path):
     proxies: list[ProxyThread] = []
 
     def make(backend_url: str, **kw) -> ProxyThread:
-        cfg = ProxyConfig(
-            backend=backend_url, model=tiny_model_dir, db=str(tmp_path / f"p{len(proxies)}.db"), **kw
-        )
+        fields = {
+            "backend": backend_url,
+            "model": tiny_model_dir,
+            "db": str(tmp_path / f"p{len(proxies)}.db"),
+        }
+        cfg = ProxyConfig(**{**fields, **kw})
         p = ProxyThread(cfg)
         proxies.append(p)
         return p
