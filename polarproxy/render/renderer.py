@@ -123,6 +123,7 @@ class TemplateRefused(ValueError):
 
 _NO_CHAT_TEMPLATE_HINT = "Add chat_template.jinja (or chat_template in tokenizer_config.json) to the folder."
 _LOADED = ("tokenizer", "_fast", "stop_token_ids")  # what loading the tokenizer sets
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _has_chat_template(path: Path) -> bool:
@@ -190,6 +191,11 @@ class Renderer:
         self._source = model_dir
         if not defer:
             self.__dict__.update(_load(path, model_dir))
+        elif not any((path / name).is_file() for name in _TOKENIZER_FILES):
+            raise UsageError(
+                f"The model folder '{model_dir}' holds no tokenizer ({', '.join(_TOKENIZER_FILES)}).",
+                hint="Pass --model DIR with the model's tokenizer files and chat template.",
+            )
         elif not _has_chat_template(path):
             raise UsageError(
                 f"The model folder '{model_dir}' has no chat template.", hint=_NO_CHAT_TEMPLATE_HINT

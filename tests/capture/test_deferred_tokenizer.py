@@ -54,6 +54,9 @@ def test_a_deferred_renderer_checks_the_folder_at_once_and_loads_on_first_use(ti
         Renderer(bare, defer=True)
     with pytest.raises(UsageError, match="does not exist"):
         Renderer(tmp_path / "missing", defer=True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="holds no tokenizer"):
+        Renderer(tmp_path / "empty", defer=True)
 
     eager, deferred = Renderer(tiny_model_dir), Renderer(tiny_model_dir, defer=True)
     assert not deferred.loaded
