@@ -15,17 +15,20 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 SYNC_AHEAD_BYTES = 16 << 20
 
 
-class _SyncAhead:
-    """A binary file that starts a background `fdatasync` each `every` bytes written (one at a time: a
-    stretch written while one runs is synced by the next). Everything else is the file's own."""
+class AtomicFile:
+    """The temporary file an export is written through: `write(bytes)`, which starts a background
+    `fdatasync` each `every` bytes written (one at a time: a stretch written while one runs is synced by
+    the next), or `path`, for a writer that opens the file itself (pyarrow writes Parquet through its own
+    native file, without the GIL; the sync at the end covers what it wrote)."""
 
-    def __init__(self, f: BinaryIO, every: int) -> None:
+    def __init__(self, f: BinaryIO, every: int, path: str) -> None:
         self._f = f
+        self.path = path
         self._every = every
         self._unsynced = 0
         self._syncing: threading.Thread | None = None
@@ -52,16 +55,17 @@ class _SyncAhead:
         if self._error is not None:
             raise self._error
 
-    def finish(self) -> None:
-        """Wait for a background sync, raise its error, then flush and sync what is left."""
+    def wait(self) -> None:
+        """Wait for a running background sync (the file must not be closed under it)."""
         if self._syncing is not None:
             self._syncing.join()
+
+    def finish(self) -> None:
+        """Wait for a background sync, raise its error, then flush and sync what is left."""
+        self.wait()
         self._raise_if_failed()
         self._f.flush()
         os.fsync(self._f.fileno())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._f, name)
 
 
 def _umask() -> int:
@@ -79,7 +83,7 @@ def _umask() -> int:
 
 
 @contextmanager
-def atomic_file(out: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+def atomic_file(out: str | os.PathLike[str]) -> Iterator[AtomicFile]:
     """A binary file to write `out` through: rows go to a temporary file in the same folder, which is synced
     and renamed over `out` when the block ends without an error, and removed when it raises."""
     path = Path(out)
@@ -87,12 +91,11 @@ def atomic_file(out: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
-            ahead = _SyncAhead(f, SYNC_AHEAD_BYTES)
+            ahead = AtomicFile(f, SYNC_AHEAD_BYTES, tmp_name)
             try:
-                yield cast(BinaryIO, ahead)
+                yield ahead
             finally:
-                if ahead._syncing is not None:  # never close the file under a running sync
-                    ahead._syncing.join()
+                ahead.wait()
             ahead.finish()
         os.replace(tmp_name, path)
     except BaseException:

@@ -221,7 +221,7 @@ def write_parquet(
     with (
         atomic_file(out) as f,
         pq.ParquetWriter(
-            f,
+            f.path,
             schema,
             compression="zstd",
             compression_level=1,
