@@ -7,7 +7,8 @@ runs, in a new shuffled order:
 
 - **python**: `python -c pass`, the interpreter's own start, the floor under any Python CLI;
 - **true**: `polarproxy record --backend STUB --model M --db TMP -- true`, start to exit: the whole fixed
-  cost of a recording (imports, the store, the backend check, mitmproxy, the harness, the summary);
+  cost of a recording (imports, the store, the backend check, mitmproxy, the harness, the summary; the
+  tokenizer loads in the background once the proxy listens, and `true` makes no call that waits for it);
 - **first call**: `record -- python client.py`, where the client makes one chat call through the proxy
   and writes down when its answer came; the figure is launch to that answer. The client's own start is
   measured apart (`client alone`, against the stub directly) and shown beside it.
