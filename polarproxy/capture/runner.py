@@ -121,8 +121,8 @@ class Stack:
 
 async def open_stack(cfg: ProxyConfig) -> Stack:
     """The store, its writer, the backend client and the gateway. The tokenizer is checked but not loaded
-    (`Renderer(defer=True)`): `start_loading` starts that once the proxy listens, so that it runs while
-    the harness starts up, and the first call waits for it."""
+    (`Renderer(defer=True)`): `renderer.load_in_background()` starts that once the proxy listens, so that
+    it runs while the harness starts up, and the first call waits for it."""
     renderer = Renderer(cfg.model, defer=True)
     store = open_recording_store(cfg.db)  # refused before the harness runs when it takes no writes
     backend = await _open_backend(cfg)
@@ -194,11 +194,6 @@ async def _open_backend(cfg: ProxyConfig) -> Backend:
         ) from e
 
 
-def start_loading(stack: Stack) -> None:
-    """Load the deferred tokenizer in the background (the proxy listens: the harness may start now)."""
-    stack.renderer.load_in_background()
-
-
 async def close_stack(stack: Stack) -> None:
     await stack.gateway.backend.aclose()
     stack.writer.close()
@@ -227,7 +222,7 @@ async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> 
         await stack.writer.finish_episode(episode_id, status="failed", exit_code=None)
         await close_stack(stack)
         raise
-    start_loading(stack)
+    stack.renderer.load_in_background()  # the proxy listens: the harness may start now
     return episode_id, proxy
 
 

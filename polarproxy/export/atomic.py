@@ -61,8 +61,7 @@ class AtomicFile:
             self._syncing.join()
 
     def finish(self) -> None:
-        """Wait for a background sync, raise its error, then flush and sync what is left."""
-        self.wait()
+        """After `wait`: raise the background sync's error, then flush and sync what is left."""
         self._raise_if_failed()
         self._f.flush()
         os.fsync(self._f.fileno())

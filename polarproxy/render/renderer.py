@@ -170,8 +170,8 @@ def _load(path: Path, model_dir: str | Path) -> dict[str, Any]:
 class Renderer:
     """One model folder's tokenizer and chat template.
 
-    `defer=True` (the proxy's start-up) checks the folder without loading anything (it exists, names a
-    chat template) and leaves the tokenizer unloaded: importing transformers and reading tokenizer.json
+    `defer=True` (the proxy's start-up) checks the folder without loading anything (it exists, holds
+    tokenizer files, names a chat template) and leaves the tokenizer unloaded: importing transformers and reading tokenizer.json
     take ~1.5 s, which a `record` would otherwise spend before its harness starts. `load_in_background()`
     then loads it in a daemon thread while the harness starts up, `await ready()` waits for it off the
     event loop, and any other use of the tokenizer waits for it (or loads it) there and then. A load

@@ -152,7 +152,7 @@ class LocalGateway(ControlEpisodes):
     async def _main(self) -> None:
         from polarproxy.capture.control import Control
         from polarproxy.capture.proxy import start_proxy
-        from polarproxy.capture.runner import close_stack, open_stack, start_loading
+        from polarproxy.capture.runner import close_stack, open_stack
 
         try:
             self.stack = await open_stack(self.cfg)
@@ -168,7 +168,7 @@ class LocalGateway(ControlEpisodes):
             self.proxy.recorder.control = Control(
                 self.stack.writer, token=self.token, default_episode=None, url=self.proxy.url
             )
-            start_loading(self.stack)
+            self.stack.renderer.load_in_background()
             self._stop = asyncio.Event()
         except BaseException as e:  # handed to the starting thread
             self._error = e

@@ -14,6 +14,7 @@ import math
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import TypeGuard
 
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
@@ -43,15 +44,19 @@ def _from_little_endian(
     return arr
 
 
+def _is_int32_array(ids: Sequence[int]) -> TypeGuard[array]:
+    return isinstance(ids, array) and ids.typecode == "i"
+
+
 def int32_array(ids: Sequence[int]) -> array:
     """`ids` as an int32 `array('i')`: the array itself when it is one already (no copy), else a new one."""
-    return ids if isinstance(ids, array) and ids.typecode == "i" else array("i", ids)
+    return ids if _is_int32_array(ids) else array("i", ids)
 
 
 def pack_ids(ids: Sequence[int], *, byteorder: str = sys.byteorder) -> bytes:
     """Token IDs as little-endian int32 bytes. `byteorder` is the host's; it is a parameter only for tests.
     An int32 `array('i')` (the proxy's prompts, render/prefix.py) is packed at memory-copy speed."""
-    if isinstance(ids, array) and ids.typecode == "i":
+    if _is_int32_array(ids):
         return _to_little_endian(ids, byteorder)
     try:
         arr = array("i", ids)
