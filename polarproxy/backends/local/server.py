@@ -27,9 +27,7 @@ import select
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,16 +37,14 @@ import orjson
 
 from polarproxy.backends.checkpoint import CheckpointMetaError, read_weight_version
 from polarproxy.backends.local.gate import PAUSE_MODES, GateClosed, Ticket, WeightGate
-from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams, SamplingParamsError
+from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams
+from polarproxy.backends.local.output_text import IncrementalText, final_text
+from polarproxy.backends.local.request import GenerateRequest, RequestError, json_object, parse_generate
 from polarproxy.backends.local.script import Script, scripted_steps
 
 log = logging.getLogger("polarproxy.backends.local")
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
-
-
-class RequestError(ValueError):
-    """A client error answered with 400 and SGLang's error shape."""
 
 
 # The finish reason of a generation that `/pause_generation` (mode "abort") or `abort_all_requests` ended.
@@ -58,60 +54,6 @@ ABORTED_BY_PAUSE: dict[str, Any] = {
     "status_code": None,
     "err_type": None,
 }
-
-
-@dataclass
-class GenerateRequest:
-    input_ids: list[int]
-    params: SamplingParams
-    return_logprob: bool
-    return_text_in_logprobs: bool
-    stream: bool
-    rid: str
-
-
-class IncrementalText:
-    """Cumulative output text for streaming: only complete characters, and never a tail that could
-    still become a stop string, so every emitted text is a prefix of the next and of the final text."""
-
-    def __init__(self, decode: Callable[[list[int]], str], stop: list[str]) -> None:
-        self._decode = decode
-        self._stop = stop
-        self._prefix_offset = 0
-        self._read_offset = 0
-        self.text = ""
-
-    def update(self, ids: list[int]) -> str:
-        prefix = self._decode(ids[self._prefix_offset : self._read_offset])
-        new = self._decode(ids[self._prefix_offset :])
-        if len(new) > len(prefix) and not new.endswith("\ufffd"):
-            self.text += new[len(prefix) :]
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(ids)
-        hold = 0
-        for s in self._stop:
-            for k in range(min(len(s) - 1, len(self.text)), hold, -1):
-                if self.text.endswith(s[:k]):
-                    hold = k
-                    break
-        return self.text[: len(self.text) - hold]
-
-
-def final_text(
-    runner: ModelRunner, output_ids: list[int], finish: dict[str, Any] | None, params: SamplingParams
-) -> str:
-    """The response text: decoded with `skip_special_tokens`, trimmed at the matched stop as SGLang does."""
-    ids = output_ids
-    matched = (finish or {}).get("matched")
-    trim = not params.no_stop_trim and matched is not None
-    if trim and isinstance(matched, int) and not isinstance(matched, bool) and ids:
-        ids = ids[:-1]
-    text = runner.decode(ids, skip_special_tokens=params.skip_special_tokens)
-    if trim and isinstance(matched, str):
-        pos = text.find(matched)
-        if pos != -1:
-            text = text[:pos]
-    return text
 
 
 class LocalBackendServer(ThreadingHTTPServer):
@@ -303,16 +245,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- admin endpoints -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _json_object(body: bytes) -> dict[str, Any]:
-        try:
-            obj = orjson.loads(body) if body.strip() else {}
-        except orjson.JSONDecodeError as e:
-            raise RequestError(f"Invalid JSON in request body: {e}") from None
-        if not isinstance(obj, dict):
-            raise RequestError(f"The request body must be a JSON object, got {type(obj).__name__}.")
-        return obj
-
     def _health_generate(self) -> None:
         runner = self.server.runner
         if runner.busy:  # a running generation proves health (as in SGLang)
@@ -335,7 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
         """SGLang's UpdateWeightFromDiskReqInput: `model_path`, optional `weight_version`,
         `abort_all_requests` (default false); `flush_cache`, `load_format` and the rest are accepted (this
         backend keeps no cache). Answers `{success, message, num_paused_requests}`, 400 when it failed."""
-        obj = self._json_object(body)
+        obj = json_object(body)
         path = obj.get("model_path")
         if not isinstance(path, str) or not path:
             raise RequestError(
@@ -372,7 +304,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {"success": True, "message": message, "num_paused_requests": 0})
 
     def _update_weight_version(self, body: bytes) -> None:
-        obj = self._json_object(body)
+        obj = json_object(body)
         version = obj.get("new_version")
         if not isinstance(version, str):
             raise RequestError("new_version must be a string.")
@@ -384,7 +316,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _pause(self, body: bytes) -> None:
         """SGLang's PauseGenerationReqInput: `mode` is `abort` (default: abort the generations in
         flight, answer once none is left), `in_place` or `retract` (freeze them until continued)."""
-        mode = self._json_object(body).get("mode", "abort")
+        mode = json_object(body).get("mode", "abort")
         if mode not in PAUSE_MODES:
             allowed = ", ".join(repr(m) for m in PAUSE_MODES)
             raise RequestError(f"Invalid mode: {mode!r}. Expected one of [{allowed}].")
@@ -392,51 +324,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {"message": "Generation paused successfully.", "status": "ok"})
 
     def _continue(self, body: bytes) -> None:
-        self._json_object(body)
+        json_object(body)
         self.server.gate.resume()
         self._send_json(200, {"message": "Generation continued successfully.", "status": "ok"})
 
     # -- /generate -------------------------------------------------------------------------------------
 
-    def _parse_generate(self, body: bytes) -> GenerateRequest:
-        obj = self._json_object(body)
-        runner = self.server.runner
-        text, input_ids = obj.get("text"), obj.get("input_ids")
-        if (text is None) == (input_ids is None):
-            raise RequestError("Either text or input_ids should be provided.")
-        if text is not None:
-            if not isinstance(text, str):
-                raise RequestError("Batched requests are not supported by the local backend: give one text.")
-            ids = runner.encode(text)
-        else:
-            if not isinstance(input_ids, list) or (input_ids and isinstance(input_ids[0], list)):
-                raise RequestError(
-                    "input_ids must be a list of token IDs; batched requests are not supported by the local backend."
-                )
-            ids = input_ids
-        try:
-            params = SamplingParams.from_dict(obj.get("sampling_params"))
-            runner.check_prompt(ids)
-        except (SamplingParamsError, ValueError) as e:
-            raise RequestError(str(e)) from None
-        limit = self.server.max_new_tokens_limit
-        if limit is not None and params.max_new_tokens > limit:
-            params.max_new_tokens = limit
-            params.min_new_tokens = min(params.min_new_tokens, limit)
-        rid = obj.get("rid")
-        return GenerateRequest(
-            input_ids=list(ids),
-            params=params,
-            return_logprob=bool(obj.get("return_logprob") or False),
-            return_text_in_logprobs=bool(obj.get("return_text_in_logprobs") or False),
-            stream=bool(obj.get("stream") or False),
-            rid=rid if isinstance(rid, str) and rid else uuid.uuid4().hex,
-        )
-
     def _generate(self, body: bytes) -> None:
-        streamed = self._json_object(body).get("stream") is True  # a body that is no object: 400
+        streamed = json_object(body).get("stream") is True  # a body that is no object: 400
         try:
-            req = self._parse_generate(body)
+            req = parse_generate(body, self.server.runner, self.server.max_new_tokens_limit)
         except RequestError as e:
             if not streamed:
                 raise
