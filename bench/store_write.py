@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ class Agent:
         self.rng = random.Random(seed)
         self.new_tokens, self.output_tokens = new_tokens, output_tokens
         self._pool = [self.rng.randrange(150_000) for _ in range(8192)]  # token IDs, drawn once (cheap)
-        self.prompt = self._ids(400)  # system prompt + tools
+        # The prompt as the proxy hands it to the store: an int32 array (render/prefix.py Prompt.tokens).
+        self.prompt = array("i", self._ids(400))  # system prompt + tools
         self.messages: list[dict[str, str]] = [{"role": "system", "content": _text(self.rng, 400)}]
         self.prev: str | None = None
 
@@ -95,7 +97,7 @@ class Agent:
             request_headers={"content-type": "application/json"},
             request_body=body,
             conversation=conversation,
-            prompt_ids=list(self.prompt),
+            prompt_ids=self.prompt,  # never changed in place: each call's prompt is a new array
             render_mode="extended" if self.prev else "fresh",
             extended_from=self.prev,
         )
@@ -104,7 +106,7 @@ class Agent:
         output = self._ids(self.output_tokens)
         text = _text(self.rng, self.output_tokens)
         self.messages.append({"role": "assistant", "content": text})
-        self.prompt = [*self.prompt, *output, *self._ids(self.new_tokens)]
+        self.prompt = self.prompt + array("i", output) + array("i", self._ids(self.new_tokens))
         self.prev = call_id
         return CallResult(
             status="ok",
