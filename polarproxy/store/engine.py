@@ -11,7 +11,11 @@ idle most of the time (issue 12); a released flock is taken within `TURN_POLL_MA
 polarproxy's writers: SQLite's lock is still what makes a transaction safe, and after `BUSY_TIMEOUT_S`
 without a turn (or when the side file cannot be opened) a writer goes ahead and waits on SQLite's lock alone.
 
-PostgreSQL (psycopg 3): a small connection pool per process, checked before use; transactions are READ
+PostgreSQL (psycopg 3): a small connection pool per process; a pooled connection that sat idle for
+`PG_PING_IDLE_S` or more is pinged before it is handed out (one replaced by a server restart is not given
+to a write), one used moments ago is not: the writer's back-to-back group commits skip a round trip each
+(issue 12). A connection that dies between two quick uses fails that transaction like any outage (the
+writer spools it, store/spool.py) and SQLAlchemy then replaces the pool's connections. Transactions are READ
 COMMITTED, and the writes that must be atomic are single statements (`UPDATE ... RETURNING` for a sequence
 number, which locks only that episode's row), so writers of different episodes never wait on each other.
 """
@@ -29,6 +33,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import StaticPool
 
 BUSY_TIMEOUT_S = 10.0
@@ -38,6 +43,7 @@ TURN_POLL_MAX_S = 0.0005
 # so a handful each lets many proxies share one server (max_connections is 100 by default).
 PG_POOL_SIZE = 4
 PG_POOL_OVERFLOW = 8
+PG_PING_IDLE_S = 1.0  # a pooled connection idle this long is pinged before use
 _WRITE = "polarproxy_write"
 
 
@@ -50,14 +56,15 @@ def make_engine(url: str) -> Engine:
     """An engine for a SQLAlchemy URL, configured as described in the module docstring."""
     u = make_url(url)
     if u.get_backend_name() == "postgresql":
-        return create_engine(
+        engine = create_engine(
             u,
-            pool_pre_ping=True,  # a connection dropped by a server restart is replaced, not handed out
             pool_size=PG_POOL_SIZE,
             max_overflow=PG_POOL_OVERFLOW,
             pool_timeout=BUSY_TIMEOUT_S,
             connect_args={"connect_timeout": int(BUSY_TIMEOUT_S), "application_name": "polarproxy"},
         )
+        _ping_when_idle(engine)
+        return engine
     if u.get_backend_name() != "sqlite":
         return create_engine(u, pool_pre_ping=True)
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": BUSY_TIMEOUT_S}}
@@ -84,6 +91,27 @@ def make_engine(url: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
     return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """SQLAlchemy's pre-ping, for connections idle `PG_PING_IDLE_S` or more only (module docstring). A
+    failed ping that is a disconnect makes the pool take a new connection (`DisconnectionError`)."""
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_connection: Any, record: Any) -> None:
+        record.info["polarproxy_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("polarproxy_idle_since")
+        if since is None or time.monotonic() - since < PG_PING_IDLE_S:
+            return  # a new connection, or one that answered moments ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as e:
+            if engine.dialect.is_disconnect(e, dbapi_connection, None):
+                raise DisconnectionError(f"pooled connection lost: {e}") from e
+            raise
 
 
 def _set_wal(cursor: Any) -> None:
