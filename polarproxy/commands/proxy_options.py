@@ -126,9 +126,8 @@ def proxy_config(
     task: str | None = None,
     group: str | None = None,
 ) -> Any:
-    """The `ProxyConfig` for these options, or `Error:` naming the option that is missing or wrong."""
-    from polarproxy.capture.runner import ProxyConfig
-
+    """The `ProxyConfig` for these options, or `Error:` naming the option that is missing or wrong (checked
+    before the proxy's modules are imported, so a mistake is told at once)."""
     if not backend:
         fail(
             "No backend given.",
@@ -141,8 +140,11 @@ def proxy_config(
             "Pass --model DIR (or set POLARPROXY_MODEL): the folder with the tokenizer and "
             "chat template the backend serves. `polarproxy tiny-model ./tiny` builds one.",
         )
+    backend = check_backend_url(backend)
+    from polarproxy.capture.runner import ProxyConfig
+
     cfg = ProxyConfig(
-        backend=check_backend_url(backend),
+        backend=backend,
         model=model.resolve(),
         db=db,
         port=port,

@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+if TYPE_CHECKING:  # SQLAlchemy is imported where a URL is parsed: printing an error needs none (~0.3 s)
+    from sqlalchemy.engine import URL
 
 HIDDEN = "***"  # what SQLAlchemy shows for a hidden password
 _PG_SCHEMES = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
@@ -28,17 +29,23 @@ def is_url(target: str) -> bool:
 
 def sqlalchemy_url(target: str) -> URL:
     """The SQLAlchemy URL for a URL string (not a path): PostgreSQL URLs get the psycopg 3 driver."""
+    from sqlalchemy.engine import make_url
+
     url = make_url(target)
     driver = _PG_SCHEMES.get(url.drivername)
     return url.set(drivername=driver) if driver else url
 
 
 def display_url(target: str | URL) -> str:
-    """`target` with any password replaced by `<redacted>`; paths are returned unchanged."""
-    if isinstance(target, URL):
+    """`target` with any password replaced by `<redacted>`; paths, and URLs that hold none (no user info,
+    no password parameter), are returned unchanged."""
+    if not isinstance(target, str):  # a SQLAlchemy URL
         return _SECRET_QUERY.sub(rf"\g<1>{HIDDEN}", target.render_as_string(hide_password=True))
-    if not is_url(target):
+    if not is_url(target) or ("@" not in target and not _SECRET_QUERY.search(target)):
         return target
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         return display_url(make_url(target))
     except (ArgumentError, ValueError):  # not parseable: redact textually
