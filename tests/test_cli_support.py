@@ -143,3 +143,39 @@ def test_help_the_rollout_help_and_the_proxy_addon_import_no_ray():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (f"cannot reach {PG}.", "cannot reach postgresql://alice:***@127.0.0.1:1/x."),
+        (
+            "see postgresql://db.example/runs?password=hunter2",
+            "see postgresql://db.example/runs?password=***",
+        ),
+        ("pass --backend http://127.0.0.1:30000 then", "pass --backend http://127.0.0.1:30000 then"),
+        ("no url here", "no url here"),
+    ],
+)
+def test_error_text_hides_every_password_and_leaves_urls_without_one_as_they_are(text, shown):
+    from polarproxy.store.urls import hide_passwords
+
+    assert hide_passwords(text) == shown
+
+
+def test_a_missing_backend_is_told_without_importing_the_proxy():
+    """A CLI mistake is told at once: the check comes before mitmproxy, SQLAlchemy and the gateway load."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from polarproxy.cli import app\n"
+        "r = CliRunner().invoke(app, ['record', '--', 'true'], env={'POLARPROXY_BACKEND': ''})\n"
+        "assert r.exit_code == 1 and 'No backend given' in r.output, r.output\n"
+        "heavy = [m for m in ('mitmproxy', 'sqlalchemy', 'polarproxy.capture.gateway') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
