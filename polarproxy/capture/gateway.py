@@ -520,14 +520,15 @@ class _CallRun:
         try:
             async for gen in self._generate(params, stream=True):
                 self.gen = gen
-                if not self.started:
-                    self.first_token_at = time.perf_counter()
-                    await self._head(200, {"content-type": writer.content_type, "cache-control": "no-cache"})
-                    await self._send(writer.start())
-                    self._arm_keepalive()
                 if decoder is None:
                     decoder = gw.decoder(conv, self.prompt_ids, params.stop)
-                if events := decoder.push(gw.shown_ids(gen, gen.new_ids)):
+                events = decoder.push(gw.shown_ids(gen, gen.new_ids))
+                if not self.started:  # the stream's opening and its first content go out as one write
+                    self.first_token_at = time.perf_counter()
+                    await self._head(200, {"content-type": writer.content_type, "cache-control": "no-cache"})
+                    await self._send(writer.start() + (writer.events(events) if events else b""))
+                    self._arm_keepalive()
+                elif events:
                     await self._send(writer.events(events))
         except BackendError as e:
             self._stop_keepalive()
