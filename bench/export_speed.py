@@ -12,7 +12,9 @@ in a fresh child process that opens the store, reconstructs and writes the file 
 does: `read` (Store.iter_calls alone, the plain path's floor) and `read arrays` (store/token_calls.py alone,
 the array path's), then per-request x {jsonl, parquet} and prefix-merge x {jsonl, parquet}, each by the
 plain path (Call objects, list trajectories: `run_export(plain=True)`) and by the array path (the default),
-one after the other. Figures per run: seconds, CPU seconds, recorded tokens per second (the prompt + output
+one after the other, and by the array path from two processes (`jobs2`: `run_export(jobs=2)`, what
+`polarproxy export --jobs 2` does; its CPU figure adds the worker's, its peak memory is the larger of the
+two processes'). Figures per run: seconds, CPU seconds, recorded tokens per second (the prompt + output
 of every call read: the same work for both strategies), written tokens per second and per CPU-second
 (tokens in the rows written: what issue 12's target counts), rows, trainer sequences saved, file size, and
 the child's peak RSS (VmHWM).
@@ -48,7 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 TINY_DIR = REPO / ".cache" / "bench-tiny"
-PATHS = ("plain", "arrays")
+PATHS = ("plain", "arrays", "jobs2")  # jobs2: the array path from two processes (`export --jobs 2`)
 RUNS = (
     ("read", "none", "plain"),
     ("read", "none", "arrays"),
@@ -170,6 +172,11 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str | None) -> dict[str, Any]:
     """Open the store, reconstruct and write (as `polarproxy export` does, by the plain or the array path);
     time it, report peak RSS."""
@@ -190,7 +197,7 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
             pa.array(np.zeros(1, np.float32), mask=np.zeros(1, np.bool_))
     rss_before = peak_rss_mb()
     prof = cProfile.Profile() if profile else None
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0, children0 = time.perf_counter(), time.process_time(), _children_cpu()
     if prof:
         prof.enable()
     episodes = {e.id: e for e in store.list_episodes(limit=None)}
@@ -204,13 +211,22 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
             for tc in iter_token_calls(store):
                 stats.calls += 1
                 stats.per_request_tokens += len(tc.full_ids())
+    elif path == "jobs2":  # the export command's own path, its workers forked from this process
+        from polarproxy.export.run import run_export
+
+        summary = run_export(store, out, fmt=fmt, strategy=strategy, jobs=2)
+        if summary["jobs"] != 2:
+            raise RuntimeError(f"--jobs 2 ran as {summary['jobs']} job(s)")
+        stats = ExportStats(**{k: summary[k] for k in ExportStats.__dataclass_fields__})
     else:  # as export/run.py reads them
         if path == "plain":
             calls: Any = store.iter_calls(lazy_prompts=strategy == "prefix-merge")
         else:
             calls = iter_token_calls(store)
         stats = write(reconstruct(calls, episodes=episodes), out)
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    seconds = time.perf_counter() - t0
+    # CPU of this process and of the workers it waited for (jobs2), so CPU figures compare across paths
+    cpu_seconds = time.process_time() - cpu0 + _children_cpu() - children0
     if prof:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
@@ -225,6 +241,7 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
         "file_bytes": os.path.getsize(out) if os.path.exists(out) else None,
         "rss_before_mb": rss_before,
         "peak_rss_mb": peak_rss_mb(),
+        "workers_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
     }
 
 
@@ -445,7 +462,8 @@ def print_table(report: dict[str, Any]) -> None:
         print(
             f"{name:<30}{r['seconds']:>8.2f}{r['cpu_seconds']:>8.2f}"
             f"{r['recorded_tokens_per_s'] / 1e6:>12.2f}{exp:>11}{exp_cpu:>15}"
-            f"{s['rows']:>9}{ratio:>10}{_mb(r['file_bytes']):>8}{r['peak_rss_mb']:>9}"
+            f"{s['rows']:>9}{ratio:>10}{_mb(r['file_bytes']):>8}"
+            f"{max(r['peak_rss_mb'], r.get('workers_peak_rss_mb') or 0):>9}"
         )
     p = report["prompts"]
     print(f"\nPrompt construction (T2 index), median of {p['repeats']} builds per turn (wall, thread CPU):")

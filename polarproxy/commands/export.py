@@ -132,6 +132,14 @@ def export(
             help="Keep groups whose rewards are all equal (advantage 0.0) instead of dropping them."
         ),
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Token formats: write from this many processes (Linux), the same rows in the same order "
+            "in one file. Small exports run as one.",
+        ),
+    ] = 1,
 ) -> None:
     """Write recorded calls as training rows."""
     from polarproxy.errors import PolarproxyError
@@ -166,12 +174,24 @@ def export(
         usage_fail(e.message, e.hint)
     check_out_path(out)
     store = _open_for_export(db, json_out)
+    from polarproxy.export.parallel import ExportJobError
+
     try:
-        summary = run_export(store, out, fmt=fmt.value, filters=filters, episodes=episode, **options)  # type: ignore[arg-type]
+        summary = run_export(
+            store,
+            out,
+            fmt=fmt.value,
+            filters=filters,
+            episodes=episode,
+            jobs=jobs,
+            **options,  # type: ignore[arg-type]
+        )
     except OptionError as e:
         usage_fail(e.message, e.hint)
     except PolarproxyError as e:
         fail(e.message, e.hint)
+    except ExportJobError as e:
+        fail(f"{e} {out} was left as it was.", "Run it again with --jobs 1 to export in this process alone.")
     except ValueError as e:
         fail(str(e), "Pick the episodes to export with --episode.")
     if json_out:

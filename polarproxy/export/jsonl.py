@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -94,18 +95,29 @@ def _write_rows(trajectories: Iterable[Trajectory | SpanTrajectory], write: Any)
 
 
 def write_jsonl(
-    trajectories: Iterable[Trajectory | SpanTrajectory], out: str | os.PathLike[str] | IO[Any]
+    trajectories: Iterable[Trajectory | SpanTrajectory],
+    out: str | os.PathLike[str] | IO[Any],
+    *,
+    append: Callable[[], Sequence[str]] | None = None,
 ) -> ExportStats:
     """Write one row per trajectory to a file path or an open stream (text or binary). Trajectories without
     a token are left out and counted (`ExportStats.skipped_empty_rows`).
 
     A path is written atomically: rows go to a temporary file in the same folder, which is synced and renamed
     over `out` only once every row is written, so `out` is either the old file or the complete new one.
+    `append` (a path only): called once the rows are written, it gives JSONL files whose bytes follow them
+    (the parts of a parallel export, export/parallel.py); an error it raises fails the export.
     """
     if not isinstance(out, (str, os.PathLike)):
+        if append is not None:
+            raise ValueError("append= needs an output path, not an open stream")
         if isinstance(out, (io.RawIOBase, io.BufferedIOBase)) or "b" in getattr(out, "mode", ""):
             return _write_rows(trajectories, out.write)
         return _write_rows(trajectories, lambda data: out.write(data.decode()))
 
     with atomic_file(out) as f:
-        return _write_rows(trajectories, f.write)
+        stats = _write_rows(trajectories, f.write)
+        for part in append() if append is not None else ():
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, f, 1 << 20)
+        return stats

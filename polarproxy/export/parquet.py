@@ -11,7 +11,7 @@ ones. Readable by pyarrow, pandas and `datasets.load_dataset("parquet", data_fil
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -209,12 +209,16 @@ class _RowGroup:
 
 
 def write_parquet(
-    trajectories: Iterable[Trajectory | SpanTrajectory], out: str | os.PathLike[str]
+    trajectories: Iterable[Trajectory | SpanTrajectory],
+    out: str | os.PathLike[str],
+    *,
+    append: Callable[[], Sequence[str]] | None = None,
 ) -> ExportStats:
     """Write one row per trajectory to the Parquet file `out`, atomically (the old file or the complete new
     one), one row group at a time. Raises ValueError for a row that cannot be exported (see
     trajectory_to_row). Trajectories without a token are left out and counted
-    (`ExportStats.skipped_empty_rows`)."""
+    (`ExportStats.skipped_empty_rows`). `append`: called once the rows are written, it gives Parquet files
+    of this schema whose row groups follow them (the parts of a parallel export, export/parallel.py)."""
     _pa, pq = _import_pyarrow()
     schema = arrow_schema()
     stats = ExportStats()
@@ -252,6 +256,11 @@ def write_parquet(
             pending = flush(group)
         if pending is not None:
             pending.result()
+        for part in append() if append is not None else ():
+            source = pq.ParquetFile(part)
+            for i in range(source.num_row_groups):  # row group by row group: memory stays at one
+                table = source.read_row_group(i)
+                writer.write_table(table, row_group_size=table.num_rows)
     return stats
 
 

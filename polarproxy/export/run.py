@@ -8,12 +8,14 @@ computed over the episodes that pass, and each format writes the rows.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from polarproxy.errors import UsageError
+from polarproxy.export import parallel
 from polarproxy.export.advantages import AdvantageOptions, AdvantageReport, compute_advantages
 from polarproxy.export.filters import ExportFilters
+from polarproxy.export.rows import ExportStats
 from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
 FORMATS = ("jsonl", "parquet", "sft")
@@ -126,8 +128,12 @@ def run_export(
     tokenizer: str | os.PathLike[str] | None = None,
     encoding: str | None = None,
     plain: bool = False,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Export the store to `out` in `fmt`; return the summary `polarproxy export --json` prints.
+
+    `jobs` > 1 writes token rows from that many processes into the same file, the same rows in the same
+    order (export/parallel.py); the summary's `jobs` says how many ran.
 
     Token rows are built from the store's token arrays (store/token_calls.py: no Python object per token);
     `plain` builds them from `Store.iter_calls`' Call objects and list trajectories instead, the reference
@@ -145,6 +151,13 @@ def run_export(
         encoding=encoding,
         advantages=adv,
     )
+    if jobs < 1:
+        raise OptionError(f"--jobs {jobs} is not a number of processes.", hint="Pass --jobs 1 or more.")
+    if fmt == "sft" and jobs > 1:
+        raise OptionError(
+            "--jobs goes with --format jsonl or parquet (token rows), not --format sft.",
+            hint="Drop --jobs, or export token rows.",
+        )
     filters = filters or ExportFilters()
     ids = resolve_episodes(store, episodes)
     if ids is not None:
@@ -175,25 +188,73 @@ def run_export(
     query = filters.query()
     chosen = {e.id: e for e in store.list_episodes(limit=None, where=query)}
     report = compute_advantages(chosen.values(), adv) if adv.enabled else None
-    if plain:  # prefix-merge reads most prompts only by length: rebuild their ID lists only when read
-        source: Iterable[Any] = store.iter_calls(where=query, lazy_prompts=strategy == "prefix-merge")
-    else:
-        from polarproxy.store.token_calls import iter_token_calls
 
-        source = iter_token_calls(store, where=query)
-    calls = filters.calls(source)
-    trajs: Iterable[Trajectory | SpanTrajectory] = reconstruct(
-        calls, episodes=chosen, include_failed=include_failed
-    )
-    if report is not None:
-        trajs = _with_advantages(trajs, report)
-    stats = write(trajs, out)
+    def rows(source_store: Any, episode_ids: list[str] | None) -> Iterable[Trajectory | SpanTrajectory]:
+        if plain:  # prefix-merge reads most prompts only by length: rebuild their ID lists only when read
+            source: Iterable[Any] = store.iter_calls(where=query, lazy_prompts=strategy == "prefix-merge")
+        else:
+            from polarproxy.store.token_calls import iter_token_calls
+
+            source = iter_token_calls(source_store, episode_ids, where=query)
+        trajs: Iterable[Trajectory | SpanTrajectory] = reconstruct(
+            filters.calls(source), episodes=chosen, include_failed=include_failed
+        )
+        return _with_advantages(trajs, report) if report is not None else trajs
+
+    parts: list[list[str]] = []
+    if jobs > 1 and not plain and parallel.why_not_parallel(store) is None:
+        from polarproxy.store.token_calls import episode_calls
+
+        parts = parallel.split(episode_calls(store, where=query), jobs)
+    if len(parts) <= 1:
+        stats = write(rows(store, None), out)
+    else:
+        stats = _write_in_parts(store, out, write, rows, parts, report)
     return {
         "out": str(out),
         "strategy": strategy,
         "format": fmt,
         **stats.summary(),
         "episodes": len(chosen),
+        "jobs": max(1, len(parts)),
         "filters": filters.describe(),
         "advantages": None if report is None else report.summary(),
     }
+
+
+def _write_in_parts(
+    store: Any,
+    out: str | os.PathLike[str],
+    write: Any,
+    rows: Callable[[Any, list[str] | None], Iterable[Trajectory | SpanTrajectory]],
+    parts: list[list[str]],
+    report: AdvantageReport | None,
+) -> ExportStats:
+    """The first part written here, the others by forked workers (export/parallel.py) and appended."""
+    from polarproxy.store.store import Store
+
+    def work(episode_ids: list[str], path: str) -> tuple[ExportStats, int]:
+        own = Store.open(store.connect_url)  # a connection of this process's own, never the parent's
+        try:
+            part_stats = write(rows(own, episode_ids), path)
+        finally:
+            own.close()
+        return part_stats, report.rows_dropped if report is not None else 0
+
+    workers = parallel.Workers(out, parts[1:], work)
+    workers.start(store)  # before this process writes anything, so no thread of its own is forked
+    done: list[tuple[str, ExportStats, int]] = []
+    try:
+
+        def appended() -> list[str]:
+            done.extend(workers.results())
+            return [path for path, _, _ in done]
+
+        stats = write(rows(store, parts[0]), out, append=appended)
+    finally:
+        workers.close()
+    for _, part_stats, dropped in done:
+        parallel.merge_stats(stats, part_stats)
+        if report is not None:
+            report.rows_dropped += dropped
+    return stats

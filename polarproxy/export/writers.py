@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from polarproxy.export.rows import ExportStats
 from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
-Writer = Callable[[Iterable[Trajectory | SpanTrajectory], str | os.PathLike[str]], ExportStats]
+
+class Writer(Protocol):
+    """`write(trajectories, out, append=None) -> ExportStats`; `append` gives files of the same format whose
+    rows follow (export/parallel.py)."""
+
+    def __call__(
+        self,
+        trajectories: Iterable[Trajectory | SpanTrajectory],
+        out: str | os.PathLike[str],
+        *,
+        append: Callable[[], Sequence[str]] | None = None,
+    ) -> ExportStats: ...
+
+
 FORMATS = ("jsonl", "parquet")
 
 

@@ -377,6 +377,29 @@ def _reader(store: Any) -> Any:
     return store._read
 
 
+def episode_calls(
+    store: Any,
+    episode_ids: Sequence[str] | None = None,
+    *,
+    where: EpisodeQuery | None = None,
+) -> list[tuple[str, int]]:
+    """(episode ID, number of calls) of the episodes that match, in the order `iter_token_calls` reads them
+    (episode start time, then ID); NotFoundError names any of `episode_ids` that is not there."""
+    count = select(func.count()).where(C.c.episode_id == E.c.id).scalar_subquery()
+    query = select(E.c.id, count).order_by(E.c.started_at, E.c.id)
+    if where is not None:
+        query = query.where(*where.conditions())
+    if episode_ids is not None:
+        wanted = list(dict.fromkeys(episode_ids))
+        query = query.where(E.c.id.in_(wanted))
+    with _reader(store)() as conn:
+        ordered = [(eid, n) for eid, n in conn.execute(query)]
+    if episode_ids is not None and len(ordered) != len(wanted):
+        missing = sorted(set(wanted) - {eid for eid, _ in ordered})
+        raise NotFoundError(f"No episode {', '.join(map(repr, missing))}. Run `polarproxy ls` to list them.")
+    return ordered
+
+
 def iter_token_calls(
     store: Any,
     episode_ids: Sequence[str] | None = None,
@@ -389,18 +412,7 @@ def iter_token_calls(
     read = _reader(store)
     with read() as conn:
         since = sampling_recorded_since(conn)
-    count = select(func.count()).where(C.c.episode_id == E.c.id).scalar_subquery()
-    query = select(E.c.id, count).order_by(E.c.started_at, E.c.id)
-    if where is not None:
-        query = query.where(*where.conditions())
-    if episode_ids is not None:
-        wanted = list(dict.fromkeys(episode_ids))
-        query = query.where(E.c.id.in_(wanted))
-    with read() as conn:
-        ordered = [(eid, n) for eid, n in conn.execute(query)]
-    if episode_ids is not None and len(ordered) != len(wanted):
-        missing = sorted(set(wanted) - {eid for eid, _ in ordered})
-        raise NotFoundError(f"No episode {', '.join(map(repr, missing))}. Run `polarproxy ls` to list them.")
+    ordered = episode_calls(store, episode_ids, where=where)
     group: list[str] = []
     size = 0
     for eid, n in ordered:

@@ -205,6 +205,7 @@ def test_export_command_prints_merge_statistics(recorded, tmp_path):
         "sequence_ratio": expected_calls / len(trajs),
         "skipped_empty_rows": 0,
         "episodes": len(store.list_episodes(limit=None)),
+        "jobs": 1,
         "filters": {},
         "advantages": None,
     }

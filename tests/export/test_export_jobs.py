@@ -1,0 +1,133 @@
+"""`export --jobs N`: token rows written from N processes are the rows, in the order, of one process; a
+failing worker fails the export and leaves the old file; no part file is left behind (export/parallel.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+from test_export_fast_path import FORMATS, STRATEGIES, _rich_store
+from typer.testing import CliRunner
+
+from polarproxy.cli import app
+from polarproxy.export import parallel
+from polarproxy.export.advantages import AdvantageOptions
+from polarproxy.export.filters import ExportFilters
+from polarproxy.export.run import OptionError, run_export
+from polarproxy.store import Store
+
+
+@pytest.fixture
+def rich(tmp_path, sample_recorder, monkeypatch):
+    monkeypatch.setattr(parallel, "MIN_CALLS_PER_JOB", 1)  # three small episodes: one part each
+    store = _rich_store(tmp_path, sample_recorder)
+    yield store
+    store.close()
+
+
+def _same_rows(fmt: str, one, many) -> None:
+    if fmt == "jsonl":
+        assert many.read_bytes() == one.read_bytes()
+    else:
+        assert pq.read_table(many).equals(pq.read_table(one))
+
+
+def _leftovers(folder) -> list[str]:
+    return [p.name for p in folder.iterdir() if ".part-" in p.name or p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_three_jobs_write_the_rows_of_one(rich, tmp_path, strategy, fmt):
+    out = tmp_path / "out"
+    out.mkdir()
+    kw = {"strategy": strategy, "fmt": fmt, "advantages": AdvantageOptions("grpo")}
+    one = run_export(rich, out / f"one.{fmt}", **kw)
+    many = run_export(rich, out / f"many.{fmt}", jobs=3, **kw)
+    assert one["jobs"] == 1 and many["jobs"] >= 2  # parts of about equal calls: at most 3
+    assert many | {"out": None, "jobs": None} == one | {"out": None, "jobs": None}
+    assert one["advantages"]["rows_dropped"] > 0  # counted in a worker (the loop is alone in its group)
+    _same_rows(fmt, out / f"one.{fmt}", out / f"many.{fmt}")
+    assert _leftovers(out) == []
+
+
+def test_each_process_adds_its_row_groups_to_the_one_file(rich, tmp_path):
+    summary = run_export(rich, tmp_path / "p.parquet", fmt="parquet", jobs=3)
+    assert summary["jobs"] >= 2
+    assert pq.ParquetFile(tmp_path / "p.parquet").metadata.num_row_groups == summary["jobs"]
+
+
+def test_filters_apply_in_every_part(rich, tmp_path):
+    kw = {"strategy": "prefix-merge", "fmt": "jsonl", "filters": ExportFilters(model_name="tiny-*")}
+    one = run_export(rich, tmp_path / "one.jsonl", **kw)
+    many = run_export(rich, tmp_path / "many.jsonl", jobs=2, **kw)
+    assert many["jobs"] == 2 and many["rows"] == one["rows"] > 0
+    assert (tmp_path / "many.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+
+
+def test_a_failing_worker_fails_the_export_and_keeps_the_old_file(rich, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "rows.jsonl"
+    target.write_text("the old export\n")
+    parent = os.getpid()
+    real_open = Store.open
+
+    def open_in_parent_only(*a, **k):
+        if os.getpid() != parent:
+            raise RuntimeError("the disk went away")
+        return real_open(*a, **k)
+
+    monkeypatch.setattr(Store, "open", open_in_parent_only)
+    with pytest.raises(parallel.ExportJobError, match="RuntimeError: the disk went away"):
+        run_export(rich, target, strategy="per-request", jobs=3)
+    assert target.read_text() == "the old export\n"
+    assert _leftovers(out) == []
+
+
+def test_episodes_are_cut_into_contiguous_parts_of_about_equal_calls(monkeypatch):
+    monkeypatch.setattr(parallel, "MIN_CALLS_PER_JOB", 1)
+    episodes = [(f"e{i}", n) for i, n in enumerate([10, 10, 10, 10, 40, 10, 10])]
+    parts = parallel.split(episodes, 3)
+    assert [eid for part in parts for eid in part] == [eid for eid, _ in episodes]  # every one, in order
+    assert len(parts) == 3 and all(parts)
+    calls = dict(episodes)
+    assert [sum(calls[e] for e in p) for p in parts] == [40, 40, 20]
+    assert parallel.split(episodes[:2], 8) == [["e0"], ["e1"]]  # no more parts than episodes
+    monkeypatch.setattr(parallel, "MIN_CALLS_PER_JOB", 64)
+    assert parallel.split(episodes, 4) == [[eid for eid, _ in episodes]]  # too small to split
+
+
+def test_an_in_memory_store_exports_in_one_job(tmp_path, sample_recorder, monkeypatch):
+    monkeypatch.setattr(parallel, "MIN_CALLS_PER_JOB", 1)
+    store = Store.open(":memory:")
+    sample_recorder(store)
+    assert parallel.why_not_parallel(store) is not None
+    summary = run_export(store, tmp_path / "m.jsonl", jobs=4)
+    assert summary["jobs"] == 1 and summary["rows"] > 0
+    store.close()
+
+
+def test_jobs_go_with_token_formats_only(rich, tmp_path):
+    with pytest.raises(OptionError, match="--jobs goes with --format jsonl or parquet"):
+        run_export(rich, tmp_path / "s.jsonl", fmt="sft", jobs=2)
+    with pytest.raises(OptionError, match="--jobs 0"):
+        run_export(rich, tmp_path / "s.jsonl", jobs=0)
+
+
+def test_cli_export_with_jobs(rich, tmp_path):
+    db = str(tmp_path / "pp.db")
+    runner = CliRunner()
+    r = runner.invoke(
+        app, ["export", "--db", db, "--out", str(tmp_path / "c.jsonl"), "--jobs", "2", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["jobs"] == 2
+    bad = runner.invoke(app, ["export", "--db", db, "--out", str(tmp_path / "c.jsonl"), "--jobs", "0"])
+    assert bad.exit_code == 2
+    sft = runner.invoke(
+        app, ["export", "--db", db, "--out", str(tmp_path / "s.jsonl"), "--format", "sft", "--jobs", "2"]
+    )
+    assert sft.exit_code == 2 and "--jobs goes with" in sft.output
