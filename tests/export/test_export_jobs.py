@@ -8,7 +8,7 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
-from test_export_fast_path import FORMATS, STRATEGIES, _rich_store
+from test_export_fast_path import FORMATS, STRATEGIES, _agent_loop, _rich_store
 from typer.testing import CliRunner
 
 from polarproxy.cli import app
@@ -51,6 +51,24 @@ def test_three_jobs_write_the_rows_of_one(rich, tmp_path, strategy, fmt):
     assert one["advantages"]["rows_dropped"] > 0  # counted in a worker (the loop is alone in its group)
     _same_rows(fmt, out / f"one.{fmt}", out / f"many.{fmt}")
     assert _leftovers(out) == []
+
+
+def test_workers_read_postgresql_on_connections_of_their_own(
+    pg_server, sample_recorder, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(parallel, "MIN_CALLS_PER_JOB", 1)
+    store = Store.open(pg_server.create_database())
+    try:
+        sample_recorder(store)
+        _agent_loop(store)
+        for strategy in STRATEGIES:
+            one = run_export(store, tmp_path / "one.jsonl", strategy=strategy)
+            many = run_export(store, tmp_path / "many.jsonl", strategy=strategy, jobs=3)
+            assert many["jobs"] >= 2 and many["rows"] == one["rows"] > 0
+            assert (tmp_path / "many.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+        assert store.list_episodes(limit=None)  # this process's own store still reads after the fork
+    finally:
+        store.close()
 
 
 def test_each_process_adds_its_row_groups_to_the_one_file(rich, tmp_path):
