@@ -3,6 +3,7 @@ shares its options and helpers through `polarproxy/commands/support.py`."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -11,33 +12,30 @@ from typing import Annotated
 import typer
 
 from polarproxy import __version__
-from polarproxy.commands.audit import audit
-from polarproxy.commands.backend import backend
-from polarproxy.commands.ca import ca_app
-from polarproxy.commands.db import db_app
-from polarproxy.commands.delete import prune, rm
-from polarproxy.commands.export import export
-from polarproxy.commands.ls import list_episodes
-from polarproxy.commands.record import record
-from polarproxy.commands.reward import CONTEXT_SETTINGS as REWARD_CONTEXT
-from polarproxy.commands.reward import reward
-from polarproxy.commands.rollout import rollout
-from polarproxy.commands.serve import serve
-from polarproxy.commands.show import show
 from polarproxy.commands.support import FAST_EXIT
-from polarproxy.commands.tiny import tiny_model
-from polarproxy.commands.train import train_command
-from polarproxy.commands.view import view
 
-app = typer.Typer(
-    pretty_exceptions_show_locals=False,
-    no_args_is_help=True,
-    add_completion=False,
-    help="Record the exact tokens a model saw and sampled inside unmodified agent harnesses.",
+# (command name, module, attribute): a command, or a sub-app ("ca", "db"), in `--help` order. A run of one
+# command imports and builds only that one (`main`), not every command's module and options (~0.1 s).
+COMMANDS = (
+    ("tiny-model", "polarproxy.commands.tiny", "tiny_model"),
+    ("backend", "polarproxy.commands.backend", "backend"),
+    ("record", "polarproxy.commands.record", "record"),
+    ("serve", "polarproxy.commands.serve", "serve"),
+    ("ca", "polarproxy.commands.ca", "ca_app"),
+    ("ls", "polarproxy.commands.ls", "list_episodes"),
+    ("show", "polarproxy.commands.show", "show"),
+    ("export", "polarproxy.commands.export", "export"),
+    ("reward", "polarproxy.commands.reward", "reward"),
+    ("audit", "polarproxy.commands.audit", "audit"),
+    ("train", "polarproxy.commands.train", "train_command"),
+    ("rollout", "polarproxy.commands.rollout", "rollout"),
+    ("db", "polarproxy.commands.db", "db_app"),
+    ("rm", "polarproxy.commands.delete", "rm"),
+    ("prune", "polarproxy.commands.delete", "prune"),
+    ("view", "polarproxy.commands.view", "view"),
 )
 
 
-@app.callback(invoke_without_command=True)
 def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
@@ -46,28 +44,44 @@ def _root(
         raise typer.Exit(0)
 
 
-app.command("tiny-model")(tiny_model)
-app.command()(backend)
-app.command()(record)
-app.command()(serve)
-app.add_typer(ca_app, name="ca")
-app.command("ls")(list_episodes)
-app.command()(show)
-app.command()(export)
-app.command("reward", context_settings=REWARD_CONTEXT)(reward)
-app.command()(audit)
-app.command("train")(train_command)
-app.command()(rollout)
-app.add_typer(db_app, name="db")
-app.command("rm")(rm)
-app.command("prune")(prune)
-app.command()(view)
+def make_app(only: str | None = None) -> typer.Typer:
+    """The `polarproxy` app with every command, or with command `only` alone (the same options, help and
+    errors for that command)."""
+    new = typer.Typer(
+        pretty_exceptions_show_locals=False,
+        no_args_is_help=True,
+        add_completion=False,
+        help="Record the exact tokens a model saw and sampled inside unmodified agent harnesses.",
+    )
+    new.callback(invoke_without_command=True)(_root)
+    for name, module_name, attr in COMMANDS:
+        if only is not None and name != only:
+            continue
+        module = importlib.import_module(module_name)
+        target = getattr(module, attr)
+        if isinstance(target, typer.Typer):
+            new.add_typer(target, name=name)
+        elif name == "reward":
+            new.command(name, context_settings=module.CONTEXT_SETTINGS)(target)
+        else:
+            new.command(name)(target)
+    return new
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """`app`, the app with every command, built when first asked for (tests, `--help`)."""
+    if name == "app":
+        full = globals()["app"] = make_app()
+        return full
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    name = sys.argv[1] if len(sys.argv) > 1 else None
+    single = name if any(name == c[0] for c in COMMANDS) else None
     try:
-        app()
+        make_app(single)()
     except SystemExit as e:
         if not FAST_EXIT["on"]:
             raise
