@@ -45,6 +45,26 @@ class AtomicFile:
             self._syncing.start()
         return n
 
+    def append_file(self, path: str) -> None:
+        """Append the bytes of file `path`, copied by the kernel (`copy_file_range`: no pass through this
+        process), or read and written where the kernel cannot (another file system, an old kernel)."""
+        self._raise_if_failed()
+        self._f.flush()
+        out = self._f.fileno()
+        with open(path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            try:
+                while size > 0:
+                    n = os.copy_file_range(src.fileno(), out, size)
+                    if n == 0:
+                        break
+                    size -= n
+                return
+            except (AttributeError, OSError):  # no copy_file_range here: copy what is left through Python
+                pass
+            while chunk := src.read(1 << 20):
+                self.write(chunk)
+
     def _sync(self) -> None:
         try:
             os.fdatasync(self._f.fileno())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
@@ -118,6 +117,5 @@ def write_jsonl(
     with atomic_file(out) as f:
         stats = _write_rows(trajectories, f.write)
         for part in append() if append is not None else ():
-            with open(part, "rb") as src:
-                shutil.copyfileobj(src, f, 1 << 20)
+            f.append_file(part)
         return stats
