@@ -11,9 +11,11 @@ in one part, so strategies that work per episode (prefix-merge, advantages over 
 fork) give the same rows.
 
 All or nothing: a worker that fails makes the export fail with its error, and the old `out` stays as it was
-(atomic.py); part files are removed in every case. Where processes cannot be forked (not Linux, an
-in-memory database, the plain reference path), the export runs as one job and says so (`jobs` in the
-summary).
+(atomic.py); part files are removed in every case. Where processes cannot be forked safely (not Linux, an
+in-memory database, a process running other Python threads, the plain reference path), the export runs as
+one job and says so (`jobs` in the summary). Measured (docs/benchmarks.md): it pays where building rows is
+the work; each part is written twice (by its worker, then into the file) and Parquet parts are encoded
+again when appended, so disk-bound and Parquet exports gain nothing yet.
 """
 
 from __future__ import annotations
@@ -48,9 +50,8 @@ def why_not_parallel(store: Any) -> str | None:
         return "worker processes are forked, which only Linux does safely"
     if threading.active_count() > 1:
         return "this process runs other threads, which a forked worker could deadlock on"
-    from polarproxy.store.engine import is_sqlite_memory
-
-    if is_sqlite_memory(store.engine.url.render_as_string(hide_password=False)):
+    url = store.engine.url
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
         return "an in-memory database lives in this process alone"
     return None
 
