@@ -18,7 +18,7 @@ RUNS = [
         (strategy, fmt, path)
         for strategy in ("per-request", "prefix-merge")
         for fmt in ("jsonl", "parquet")
-        for path in ("plain", "arrays")
+        for path in ("plain", "arrays", "jobs2")
     ),
 ]
 
@@ -73,9 +73,12 @@ def test_small_export_bench_reports_every_figure(tmp_path: Path, tiny_model_dir:
             assert _positive(x["exported_tokens_per_s"]) and _positive(x["exported_tokens_per_cpu_s"])
             assert _positive(x["file_bytes"])
     by_run = {(x["strategy"], x["format"], x["path"]): x for x in r["exports"]}
-    for strategy, fmt, _path in RUNS[2::2]:  # the array path writes what the plain path writes
+    for strategy, fmt, _path in RUNS[2::3]:  # the array path (in one or two jobs) writes the plain path's
         plain, arrays = by_run[strategy, fmt, "plain"], by_run[strategy, fmt, "arrays"]
+        jobs2 = by_run[strategy, fmt, "jobs2"]
         assert arrays["stats"] == plain["stats"] and arrays["file_bytes"] == plain["file_bytes"]
+        assert jobs2["stats"] == arrays["stats"] and jobs2["file_bytes"] == arrays["file_bytes"]
+        assert jobs2["jobs"] == 1  # 30 calls: too few for two jobs
     p = r["prompts"]
     assert p["mode"] == {"1": "fresh", "2": "extended", "6": "extended"}
     assert p["context_tokens"]["6"] > p["context_tokens"]["2"] > p["context_tokens"]["1"]
