@@ -130,19 +130,24 @@ def test_a_backend_url_without_a_scheme_is_an_error_naming_the_fix(tmp_path):
 
 def test_help_the_rollout_help_and_the_proxy_addon_import_no_ray():
     """Ray is the `ray` extra of `rollout --ray` only (rollout/ray_runner.py imports it when it runs)."""
-    import subprocess
-    import sys
-
-    code = (
+    out = _in_fresh_interpreter(
         "import sys; from typer.testing import CliRunner; from polarproxy.cli import app;"
         "import polarproxy.capture.addon, polarproxy.rollout.ray_runner;"
         "assert CliRunner().invoke(app, ['--help']).exit_code == 0;"
         "r = CliRunner().invoke(app, ['rollout', '--help']); assert r.exit_code == 0 and '--ray' in r.output;"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]", r.stdout
+    assert out.strip() == "[]", out
+
+
+def _in_fresh_interpreter(code: str) -> str:
+    """What `code` prints when run by a new interpreter (which modules it imports is then its own)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 @pytest.mark.parametrize(
@@ -165,10 +170,7 @@ def test_error_text_hides_every_password_and_leaves_urls_without_one_as_they_are
 
 def test_a_missing_backend_is_told_without_importing_the_proxy():
     """A CLI mistake is told at once: the check comes before mitmproxy, SQLAlchemy and the gateway load."""
-    import subprocess
-    import sys
-
-    probe = (
+    _in_fresh_interpreter(
         "import sys\n"
         "from typer.testing import CliRunner\n"
         "from polarproxy.cli import app\n"
@@ -177,5 +179,3 @@ def test_a_missing_backend_is_told_without_importing_the_proxy():
         "heavy = [m for m in ('mitmproxy', 'sqlalchemy', 'polarproxy.capture.gateway') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr

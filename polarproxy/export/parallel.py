@@ -27,7 +27,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,9 @@ def why_not_parallel(store: Any) -> str | None:
         return "worker processes are forked, which only Linux does safely"
     if threading.active_count() > 1:
         return "this process runs other threads, which a forked worker could deadlock on"
-    url = store.engine.url
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+    from polarproxy.store.engine import is_sqlite_memory
+
+    if is_sqlite_memory(store.engine.url):  # the URL object: no password rendered into a string
         return "an in-memory database lives in this process alone"
     return None
 
@@ -85,11 +86,6 @@ def split(episodes: Sequence[tuple[str, int]], jobs: int) -> list[list[str]]:
         else:
             low = mid + 1
     return pack(low)
-
-
-def merge_stats(into: ExportStats, other: ExportStats) -> None:
-    for f in fields(ExportStats):
-        setattr(into, f.name, getattr(into, f.name) + getattr(other, f.name))
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain
 from typing import Any
 
@@ -39,6 +39,11 @@ class ExportStats:
             self.trainable_tokens += _count_trainable(traj)
         self.total_tokens += len(traj.input_ids)
         self.per_request_tokens += sum(end for _start, end in traj.call_spans)
+
+    def merge(self, other: ExportStats) -> None:
+        """Add the figures of another part of the same export (export/parallel.py)."""
+        for f in fields(ExportStats):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def skip_if_empty(self, traj: Trajectory | SpanTrajectory) -> bool:
         """Count and return True for a trajectory without tokens, which a token export leaves out."""

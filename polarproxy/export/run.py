@@ -254,7 +254,7 @@ def _write_in_parts(
     finally:
         workers.close()
     for _, part_stats, dropped in done:
-        parallel.merge_stats(stats, part_stats)
+        stats.merge(part_stats)
         if report is not None:
             report.rows_dropped += dropped
     return stats

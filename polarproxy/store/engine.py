@@ -32,7 +32,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import StaticPool
 
@@ -47,7 +47,7 @@ PG_PING_IDLE_S = 1.0  # a pooled connection idle this long is pinged before use
 _WRITE = "polarproxy_write"
 
 
-def is_sqlite_memory(url: str) -> bool:
+def is_sqlite_memory(url: str | URL) -> bool:
     u = make_url(url)
     return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
 
