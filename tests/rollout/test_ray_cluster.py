@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from rollout_support import AGENT, EXAMPLE
 
+from polarproxy.rollout.run import FINISHED
 from polarproxy.store.store import Store
 
 # ---- every TCP socket of a process tree, from /proc ---------------------------------------------------------
@@ -133,8 +134,12 @@ class Killer(threading.Thread):
                 eps = _episodes(store, self.rid)
                 if not self.sockets and len({e.metadata["ray_node"] for e in eps}) == 3:
                     self.sockets = tcp_sockets(_tree(os.getpid()))
+                # finished as the driver counts it: ended (ok/failed) with its reward. The reward is stored
+                # just before the episode ends, so one with a reward may still be running.
                 done = {
-                    (e.task, int(e.metadata["sample"])): (e.id, e.reward) for e in eps if e.reward is not None
+                    (e.task, int(e.metadata["sample"])): (e.id, e.reward)
+                    for e in eps
+                    if e.status in FINISHED and e.reward is not None
                 }
                 for nid, node in self.workers.items():
                     running = {
