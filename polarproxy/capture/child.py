@@ -226,3 +226,11 @@ class _Watchdog:
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
+
+
+async def stop_harness(harness: asyncio.Task[ChildExit] | None) -> None:
+    """End a `run_child` task that is still running (its group is killed: `record` could not go on)."""
+    if harness is not None and not harness.done():
+        harness.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await harness

@@ -3,6 +3,7 @@ is capture/mitm.py, shared with intercept mode)."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ async def start_proxy(
     host: str = "127.0.0.1",
     port: int = 0,
     confdir: Path | None = None,
+    sock: socket.socket
+    | None = None,  # a listening socket to serve (mitm.bind_listener) instead of host:port
 ) -> RunningProxy:
     recorder = Recorder(
         gateway=gateway,
@@ -39,5 +42,5 @@ async def start_proxy(
     }
     if confdir is not None:
         options["confdir"] = str(confdir)
-    mitm = await start_mitm(recorder, options, host=host, port=port, what="proxy")
+    mitm = await start_mitm(recorder, options, host=host, port=port, what="proxy", sock=sock)
     return RunningProxy(port=mitm.port, master=mitm.master, task=mitm.task, recorder=recorder)

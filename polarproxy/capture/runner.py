@@ -3,7 +3,8 @@
 One `record` is one episode. The child gets base URLs and placeholder keys for every provider SDK, so an
 unmodified harness talks to the proxy; its stdin/stdout/stderr are the terminal's. The child runs in its
 own process group, signals to `record` are passed on to it, it dies with `record`, and `record` exits with
-its exit code (capture/child.py, shared with intercept mode).
+its exit code (capture/child.py, shared with intercept mode). `record` starts the child as soon as the
+store, the backend and the proxy's socket are ready; mitmproxy starts beside it (capture/early.py).
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polarproxy.backends.base import Backend, BackendError
 from polarproxy.backends.selection import SelectionError, make_backend, open_backend
-from polarproxy.capture.child import run_child
+from polarproxy.capture.child import ChildExit, run_child, stop_harness
+from polarproxy.capture.early import EarlyProxy
 from polarproxy.capture.gateway import Gateway, GatewayOptions
 from polarproxy.capture.presets import Preset
-from polarproxy.capture.proxy import RunningProxy, start_proxy
 from polarproxy.capture.recording import create_recorded_episode, open_recording_store
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
@@ -33,6 +36,9 @@ from polarproxy.render.renderer import Renderer
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
 from polarproxy.store.errors import NotFoundError, StoreError
 from polarproxy.store.store import Store
+
+if TYPE_CHECKING:  # mitmproxy is imported only when a proxy starts (capture/early.py)
+    from polarproxy.capture.proxy import RunningProxy
 
 PLACEHOLDER_KEY = "sk-polarproxy-local"
 
@@ -199,9 +205,9 @@ async def close_stack(stack: Stack) -> None:
     stack.writer.close()
 
 
-async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> tuple[str, RunningProxy]:
-    """Create the episode that calls without one go to, and start mitmproxy with the recorder."""
-    episode_id = await create_recorded_episode(
+async def _create_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> str:
+    """The episode that calls without one go to."""
+    return await create_recorded_episode(
         stack.writer,
         command,
         harness=cfg.harness,
@@ -209,12 +215,57 @@ async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> 
         group_id=cfg.group_id,
         metadata=dict(cfg.metadata),
     )
+
+
+async def _serve_recorder(
+    stack: Stack,
+    episode_id: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    sock: socket.socket | None = None,
+) -> RunningProxy:
+    """mitmproxy with the recorder (on host:port, or serving `sock`); once it serves, the tokenizer starts
+    loading in the background (the first call waits for it)."""
+    from polarproxy.capture.proxy import start_proxy
+
+    proxy = await start_proxy(
+        stack.gateway,
+        writer=stack.writer,
+        default_episode=episode_id,
+        model_name=stack.renderer.model_dir.name,
+        host=host,
+        port=port,
+        sock=sock,
+    )
+    stack.renderer.load_in_background()
+    return proxy
+
+
+async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> tuple[str, RunningProxy]:
+    """Create the episode that calls without one go to, and start mitmproxy with the recorder (`serve`)."""
+    episode_id = await _create_episode(stack, cfg, command)
     try:
-        proxy = await start_proxy(
-            stack.gateway,
-            writer=stack.writer,
-            default_episode=episode_id,
-            model_name=stack.renderer.model_dir.name,
+        proxy = await _serve_recorder(stack, episode_id, host=cfg.host, port=cfg.port)
+    except BaseException:
+        await stack.writer.finish_episode(episode_id, status="failed", exit_code=None)
+        await close_stack(stack)
+        raise
+    return episode_id, proxy
+
+
+async def record(
+    cfg: ProxyConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
+) -> RecordOutcome:
+    """Run `command` as one recorded episode. Returns the child's exit code (128+N for signal N).
+    `on_ready(url, episode_id)` is called once the proxy's socket listens (before mitmproxy serves it:
+    connections wait there), just before the harness starts."""
+    stack = await open_stack(cfg)
+    episode_id = await _create_episode(stack, cfg, command)
+    try:  # mitmproxy starts beside the harness (capture/early.py)
+        proxy = EarlyProxy(
+            lambda sock: _serve_recorder(stack, episode_id, sock=sock),
+            module="polarproxy.capture.proxy",
             host=cfg.host,
             port=cfg.port,
         )
@@ -222,20 +273,11 @@ async def _start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> 
         await stack.writer.finish_episode(episode_id, status="failed", exit_code=None)
         await close_stack(stack)
         raise
-    stack.renderer.load_in_background()  # the proxy listens: the harness may start now
-    return episode_id, proxy
-
-
-async def record(
-    cfg: ProxyConfig, command: list[str], *, on_ready: Callable[[str, str], None] | None = None
-) -> RecordOutcome:
-    """Run `command` as one recorded episode. Returns the child's exit code (128+N for signal N)."""
-    stack = await open_stack(cfg)
-    episode_id, proxy = await _start_episode(stack, cfg, command)
     if on_ready:
         on_ready(proxy.url, episode_id)
-    rc = 127
+    rc: int | None = None  # None: the harness did not run to its end (the proxy could not start)
     home: Path | None = None
+    harness: asyncio.Task[ChildExit] | None = None
     verified: VerifierResult | str | None = None
     verified_error: str | None = None
     try:
@@ -243,20 +285,26 @@ async def record(
         if cfg.preset is not None:
             home = Path(tempfile.mkdtemp(prefix=f"polarproxy-{cfg.preset.name}-"))
             env = prepare_preset(cfg, env, proxy.url, home)
-        child = await run_child(command, env)  # signals, process group, exit code: capture/child.py
+        # signals, process group, exit code: capture/child.py; the proxy starts meanwhile
+        harness = asyncio.create_task(run_child(command, env))
+        # a verifier runs while the proxy still serves (it may POST rewards to it): the proxy must start
+        await proxy.until_needed(harness, always=cfg.verifier is not None)
+        child = await harness
         if child.error:
             print(f"Error: {child.error}", file=sys.stderr)
         rc = child.code
-        if cfg.verifier is not None:  # while the proxy still runs: the verifier may POST rewards to it
+        if cfg.verifier is not None:
             verified = await _verify(cfg.verifier, env, episode_id, rc)
     finally:
+        await stop_harness(harness)  # still running: the proxy could not start
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
-        await proxy.stop()
+        await proxy.close()
         await stack.writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
         if isinstance(verified, VerifierResult):
             verified_error = await _store_reward(stack, episode_id, verified)
         await close_stack(stack)
+    assert rc is not None  # set once the harness ended; anything else raised above
     return RecordOutcome(
         exit_code=rc,
         episode_id=episode_id,

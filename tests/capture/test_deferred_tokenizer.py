@@ -20,13 +20,14 @@ from polarproxy.render.renderer import Renderer
 
 
 def test_the_harness_starts_before_the_tokenizer_is_loaded(tiny_model_dir, tmp_path, monkeypatch):
-    marker = tmp_path / "harness-ran"
+    marker, loading = tmp_path / "harness-ran", tmp_path / "loading"
     real = renderer_module._load_tokenizer
     seen: list[bool] = []
 
     def slow_load(path: Path):
         # Loads only once the harness has run: if `record` waited for the tokenizer first, nothing would
         # ever write the marker (the harness below does) and this would give up after 30 s.
+        loading.touch()
         deadline = time.monotonic() + 30
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -37,7 +38,13 @@ def test_the_harness_starts_before_the_tokenizer_is_loaded(tiny_model_dir, tmp_p
     cfg = ProxyConfig(
         backend="http://127.0.0.1:9", model=tiny_model_dir, db=str(tmp_path / "r.db"), check_backend=False
     )
-    harness = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    # The harness waits until the load has begun (the proxy is up; a harness that ends before that never
+    # needed the proxy, and then neither is started: tests/capture/test_early_proxy.py).
+    wait = (
+        "import os, time; t = time.time() + 30\n"
+        f"while not os.path.exists({str(loading)!r}) and time.time() < t: time.sleep(0.01)"
+    )
+    harness = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()\n{wait}"]
     outcome = asyncio.run(asyncio.wait_for(record(cfg, harness), 60))
     assert outcome.exit_code == 0 and marker.exists()
     deadline = time.monotonic() + 30  # the loader thread goes on after record returned

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ async def start_intercept_proxy(
     upstream_ca: Path | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    sock: socket.socket
+    | None = None,  # a listening socket to serve (mitm.bind_listener) instead of host:port
 ) -> InterceptProxy:
     addon = Interceptor(writer=writer, episode_id=episode_id, providers=providers, resolve=resolve)
     options: dict[str, object] = {
@@ -38,5 +41,5 @@ async def start_intercept_proxy(
     }
     if upstream_ca is not None:
         options["ssl_verify_upstream_trusted_ca"] = str(upstream_ca)
-    mitm = await start_mitm(addon, options, host=host, port=port, what="intercept proxy")
+    mitm = await start_mitm(addon, options, host=host, port=port, what="intercept proxy", sock=sock)
     return InterceptProxy(port=mitm.port, master=mitm.master, task=mitm.task, addon=addon)

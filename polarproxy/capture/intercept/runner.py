@@ -7,23 +7,29 @@ gateway `record` (capture/child.py: signals, process group, exit code).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from polarproxy.capture.child import run_child
+from polarproxy.capture.child import ChildExit, run_child, stop_harness
+from polarproxy.capture.early import EarlyProxy
 from polarproxy.capture.intercept.ca import ensure_ca
 from polarproxy.capture.intercept.env import intercept_env, write_bundles
 from polarproxy.capture.intercept.providers import Providers
-from polarproxy.capture.intercept.proxy import start_intercept_proxy
 from polarproxy.capture.recording import create_recorded_episode, open_recording_store
 from polarproxy.capture.runner import RecordOutcome
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
+
+if TYPE_CHECKING:  # mitmproxy is imported only when the proxy starts (capture/early.py)
+    from polarproxy.capture.intercept.proxy import InterceptProxy
 
 
 @dataclass
@@ -84,36 +90,47 @@ async def record_intercept(
         group_id=cfg.group_id,
         metadata={"mode": "intercept", **cfg.metadata},
     )
-    try:
-        proxy = await start_intercept_proxy(
+
+    async def start(sock: socket.socket) -> InterceptProxy:
+        from polarproxy.capture.intercept.proxy import start_intercept_proxy
+
+        return await start_intercept_proxy(
             writer=writer,
             episode_id=episode_id,
             ca=ca,
             providers=providers,
             resolve=cfg.resolve,
             upstream_ca=cfg.upstream_ca,
-            host=cfg.host,
-            port=cfg.port,
+            sock=sock,
         )
+
+    try:  # mitmproxy starts beside the harness (capture/early.py)
+        proxy = EarlyProxy(start, module="polarproxy.capture.intercept.proxy", host=cfg.host, port=cfg.port)
     except BaseException:
         await writer.finish_episode(episode_id, status="failed", exit_code=None)
         writer.close()
         raise
     if on_ready:
         on_ready(proxy.url, episode_id)
-    rc = 127
+    rc: int | None = None  # None: the harness did not run to its end (the proxy could not start)
+    harness: asyncio.Task[ChildExit] | None = None
     tmp = Path(tempfile.mkdtemp(prefix="polarproxy-intercept-"))
     try:
         bundle, node_extra = write_bundles(os.environ, ca, tmp)
         env = intercept_env(os.environ, proxy.url, bundle, node_extra)
         env["POLARPROXY_EPISODE"] = episode_id
-        child = await run_child(command, env)  # signals, process group, exit code: capture/child.py
+        # signals, process group, exit code: capture/child.py; the proxy starts meanwhile
+        harness = asyncio.create_task(run_child(command, env))
+        await proxy.until_needed(harness)
+        child = await harness
         if child.error:
             print(f"Error: {child.error}", file=sys.stderr)
         rc = child.code
     finally:
+        await stop_harness(harness)
         shutil.rmtree(tmp, ignore_errors=True)
-        await proxy.stop()
+        await proxy.close()
         await writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
         writer.close()
+    assert rc is not None  # set once the harness ended; anything else raised above
     return RecordOutcome(exit_code=rc, episode_id=episode_id, db=str(store.url))
