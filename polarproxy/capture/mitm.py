@@ -109,7 +109,9 @@ def bind_listener(host: str, port: int, *, what: str = "proxy") -> socket.socket
     """A listening TCP socket on host:port (0: any free port) for `start_mitm(sock=...)`; connections queue
     in its backlog until mitmproxy serves it. Raises UsageError when it cannot bind."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, as asyncio's own servers have it: it sets TCP_NODELAY only on sockets that say TCP, and
+    # without it every answer waits ~40 ms for the client's delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

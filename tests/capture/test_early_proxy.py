@@ -172,3 +172,28 @@ def test_a_bound_listener_queues_connections_and_refuses_a_taken_port():
     finally:
         sock.close()
     assert not has_waiting_connection(sock)  # closed: nothing waits
+
+
+def test_connections_to_a_bound_listener_get_tcp_nodelay():
+    """asyncio turns Nagle off only on sockets that say IPPROTO_TCP; a listener made without it gave every
+    answer through `record` a ~40 ms wait for the client's delayed ACK."""
+
+    async def go() -> int:
+        sock = bind_listener("127.0.0.1", 0)
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted = writer.get_extra_info("socket")
+            seen.set_result(accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=sock)
+        try:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            value = await asyncio.wait_for(seen, 10)
+            writer.close()
+            return value
+        finally:
+            server.close()
+
+    assert asyncio.run(go()) != 0
