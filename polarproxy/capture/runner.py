@@ -27,7 +27,6 @@ from polarproxy.backends.selection import SelectionError, make_backend, open_bac
 from polarproxy.capture.child import ChildExit, run_child, stop_harness
 from polarproxy.capture.early import EarlyProxy
 from polarproxy.capture.gateway import Gateway, GatewayOptions
-from polarproxy.capture.presets import Preset
 from polarproxy.capture.recording import create_recorded_episode, open_recording_store
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
@@ -37,7 +36,8 @@ from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
 from polarproxy.store.errors import NotFoundError, StoreError
 from polarproxy.store.store import Store
 
-if TYPE_CHECKING:  # mitmproxy is imported only when a proxy starts (capture/early.py)
+if TYPE_CHECKING:  # mitmproxy is imported only when a proxy starts (capture/early.py), YAML with a preset
+    from polarproxy.capture.presets import Preset
     from polarproxy.capture.proxy import RunningProxy
 
 PLACEHOLDER_KEY = "sk-polarproxy-local"

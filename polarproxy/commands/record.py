@@ -198,7 +198,6 @@ def record(
     ] = None,
 ) -> None:
     """Run a harness command as one recorded episode; exits with the command's exit code."""
-    from polarproxy.capture.presets import get_preset, load_preset_file
     from polarproxy.errors import PolarproxyError
 
     if not command:
@@ -238,6 +237,8 @@ def record(
         )
     preset = None
     try:
+        if harness_file is not None or harness is not None:  # YAML is read only for a preset
+            from polarproxy.capture.presets import get_preset, load_preset_file
         if harness_file is not None:
             preset = load_preset_file(harness_file)
             if harness is not None and harness != preset.name:
