@@ -4,7 +4,8 @@
 in a thread (~0.5 s) and started on the event loop meanwhile, serving that socket (capture/mitm.py). The
 harness's first connections wait in the socket's backlog until mitmproxy serves them, so its own start-up
 and mitmproxy's overlap. A harness that ends before mitmproxy is up, with no connection waiting, never
-needed the proxy: mitmproxy is then not started at all (`record -- true`).
+needed the proxy: mitmproxy is then not started at all (`record -- true`). One that ends leaving a
+connection waiting gets the proxy started for it, and the call is recorded (T3).
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ from polarproxy.capture.mitm import RunningMitm, bind_listener, has_waiting_conn
 class EarlyProxy[P: RunningMitm]:
     """One `record`'s proxy: its socket bound and its URL known at once (UsageError when the port cannot be
     bound), mitmproxy imported in the background (`module`: the one that starts it, imported first) and then
-    started by `start(sock)` on the loop; `until_needed` waits for it or gives it up."""
+    started by `start(sock)` on the loop; `until_needed` waits for it or gives it up. `what` names the proxy
+    in errors, as in `start_mitm`."""
 
     def __init__(
-        self, start: Callable[[socket.socket], Awaitable[P]], *, module: str, host: str, port: int
+        self,
+        start: Callable[[socket.socket], Awaitable[P]],
+        *,
+        module: str,
+        host: str,
+        port: int,
+        what: str = "proxy",
     ) -> None:
-        self.sock = bind_listener(host, port)
+        self.sock = bind_listener(host, port, what=what)
         bound = self.sock.getsockname()[1]
         self.url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
         self.proxy: P | None = None

@@ -25,7 +25,7 @@ from typing import Any
 from polarproxy.errors import UsageError
 
 LISTEN_BACKLOG = 512  # connections the kernel queues while mitmproxy starts (and under load)
-_IMPORT_LOCK = threading.Lock()  # `_import_lean_addons` edits sys.modules: one thread at a time
+_IMPORT_LOCK = threading.Lock()  # held by `_import_lean_addons`
 _ADOPTED: dict[int, socket.socket] = {}  # port -> a listening socket for mitmproxy to serve
 
 
@@ -57,12 +57,9 @@ def _import_lean_addons() -> Any:
     import types
 
     names = ("core", "dns_resolver", "next_layer", "proxyserver", "tlsconfig")
-    with _IMPORT_LOCK:
-        return _import_lean(names, importlib, sys, types)
-
-
-def _import_lean(names: tuple[str, ...], importlib: Any, sys: Any, types: Any) -> Any:
-    if "mitmproxy.addons" not in sys.modules:
+    with _IMPORT_LOCK:  # it edits sys.modules: one thread at a time (capture/early.py imports in a thread)
+        if "mitmproxy.addons" in sys.modules:
+            return sys.modules["mitmproxy.addons"]
         spec = importlib.util.find_spec("mitmproxy.addons")
         if spec is not None and spec.submodule_search_locations is not None:
             package = types.ModuleType("mitmproxy.addons")
@@ -78,7 +75,7 @@ def _import_lean(names: tuple[str, ...], importlib: Any, sys: Any, types: Any) -
                     k for k in sys.modules if k == "mitmproxy.addons" or k.startswith("mitmproxy.addons.")
                 ]:
                     del sys.modules[key]
-    return importlib.import_module("mitmproxy.addons")
+        return importlib.import_module("mitmproxy.addons")
 
 
 def lean_addons() -> list[object]:
@@ -205,6 +202,8 @@ async def start_mitm(
     task = asyncio.create_task(master.run())
     waiter = asyncio.create_task(ready.event.wait())
     done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if sock is not None and _ADOPTED.get(port) is sock:  # mitmproxy did not take it (it stopped first)
+        _ADOPTED.pop(port).close()
     if task in done:
         waiter.cancel()
         task.result()
@@ -212,8 +211,6 @@ async def start_mitm(
             f"mitmproxy stopped while starting the {what}.",
             hint="Run again with a free --port; see the log above.",
         )
-    if sock is not None and _ADOPTED.get(port) is sock:  # mitmproxy did not take it
-        _ADOPTED.pop(port).close()
     addrs = master.addons.get("proxyserver").listen_addrs()
     if not addrs:
         master.shutdown()

@@ -105,7 +105,13 @@ async def record_intercept(
         )
 
     try:  # mitmproxy starts beside the harness (capture/early.py)
-        proxy = EarlyProxy(start, module="polarproxy.capture.intercept.proxy", host=cfg.host, port=cfg.port)
+        proxy = EarlyProxy(
+            start,
+            module="polarproxy.capture.intercept.proxy",
+            host=cfg.host,
+            port=cfg.port,
+            what="intercept proxy",
+        )
     except BaseException:
         await writer.finish_episode(episode_id, status="failed", exit_code=None)
         writer.close()
