@@ -36,6 +36,7 @@ from polarproxy.store.records import CallResult, CallStart
 
 log = logging.getLogger("polarproxy.gateway")
 
+ABORTED = "aborted: the harness disconnected before the answer was complete"  # a call's error then
 JSON_HEADERS = {"content-type": "application/json"}
 # Prompts longer than this are tokenized in a worker thread (the tokenizer releases the GIL there), so one
 # long request does not hold up the streams of the others; short ones are cheaper inline.
@@ -175,6 +176,11 @@ class Gateway:
         if not self.renderer.loaded:  # a deferred tokenizer (Renderer(defer=True)) still loading
             try:
                 await self.renderer.ready()
+            except asyncio.CancelledError:  # the harness hung up (or the proxy stops) first: T3, recorded
+                await asyncio.shield(
+                    self.record_failure(start, status="aborted", error=ABORTED, http_status=499)
+                )
+                raise
             except Exception as e:
                 msg = f"The proxy cannot serve: {e}"
                 await self.record_failure(start, status="failed", error=msg, http_status=500)
@@ -213,12 +219,10 @@ class Gateway:
             else:
                 await run.complete()
         except asyncio.CancelledError:
-            await asyncio.shield(
-                run.record_abort("aborted: the harness disconnected before the answer was complete")
-            )
+            await asyncio.shield(run.record_abort(ABORTED))
             raise
         except ClientGone:
-            await run.record_abort("aborted: the harness disconnected before the answer was complete")
+            await run.record_abort(ABORTED)
         except StoreUnavailable as e:
             await run.store_failed(e)
         except Exception as e:  # a bug must still answer the harness and leave a record

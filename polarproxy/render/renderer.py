@@ -242,7 +242,9 @@ class Renderer:
         if not self.loaded:
             self.load_in_background()
             assert self._loading is not None
-            await asyncio.wrap_future(self._loading)
+            # shielded: a waiter cancelled (its harness hung up) must not cancel the one shared load,
+            # or every later call would find it cancelled
+            await asyncio.shield(asyncio.wrap_future(self._loading))
             self._ensure_loaded()
 
     @property

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,3 +106,31 @@ def test_a_call_made_while_the_tokenizer_cannot_load_gets_an_error_and_a_failed_
     calls = proxy.store.list_calls(proxy.episode_id)
     assert [c.status for c in calls] == ["failed", "failed"]
     assert all("Cannot load a tokenizer" in (c.error or "") for c in calls)
+
+
+def test_a_waiter_cancelled_while_the_tokenizer_loads_leaves_the_load_to_the_others(
+    tiny_model_dir, monkeypatch
+):
+    """A call waiting for the deferred tokenizer whose harness hangs up is cancelled; the one shared load
+    goes on, and the next call gets the tokenizer (it was once cancelled with that waiter)."""
+    gate = threading.Event()
+    real = renderer_module._load_tokenizer
+
+    def gated(path: Path):
+        gate.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(renderer_module, "_load_tokenizer", gated)
+    deferred = Renderer(tiny_model_dir, defer=True)
+
+    async def go() -> None:
+        first = asyncio.ensure_future(deferred.ready())
+        await asyncio.sleep(0.1)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        gate.set()
+        await asyncio.wait_for(deferred.ready(), 30)
+
+    asyncio.run(go())
+    assert deferred.loaded and deferred.encode("hi") == Renderer(tiny_model_dir).encode("hi")

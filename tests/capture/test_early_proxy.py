@@ -197,3 +197,44 @@ def test_connections_to_a_bound_listener_get_tcp_nodelay():
             server.close()
 
     assert asyncio.run(go()) != 0
+
+
+def test_a_request_left_waiting_by_a_harness_that_exited_is_still_recorded(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """T3: the harness sends a whole request and exits before mitmproxy is up. Its connection waits in the
+    socket, so `record` starts the proxy for it, and the call's record says what happened to it."""
+    sent = tmp_path / "sent"
+    script = tmp_path / "fire.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, os, socket, sys
+            from urllib.parse import urlsplit
+            url = urlsplit(os.environ["OPENAI_BASE_URL"])
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+            s = socket.create_connection((url.hostname, url.port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n"
+                      + b"Content-Length: %d\\r\\n\\r\\n" % len(body) + body)
+            open(sys.argv[1], "w").close()
+            """
+        )
+    )
+
+    def gone() -> bool:  # the request is sent; 0.5 s more and the harness has exited
+        if sent.exists():
+            time.sleep(0.5)
+            return True
+        return False
+
+    _held_import(monkeypatch, gone)
+    cfg = _cfg(tiny_model_dir, tmp_path)
+    outcome = _record(cfg, [sys.executable, str(script), str(sent)])
+    assert outcome.exit_code == 0
+    store = Store.open(cfg.db)
+    try:
+        calls = store.list_calls(outcome.episode_id)
+    finally:
+        store.close()
+    # answered to a client that is gone, or aborted while it waited for the tokenizer: either way on record
+    assert [c.status for c in calls] in (["ok"], ["aborted"]), [(c.status, c.error) for c in calls]
