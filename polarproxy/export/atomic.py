@@ -24,7 +24,7 @@ class AtomicFile:
     """The temporary file an export is written through: `write(bytes)`, which starts a background
     `fdatasync` each `every` bytes written (one at a time: a stretch written while one runs is synced by
     the next), or `path`, for a writer that opens the file itself (pyarrow writes Parquet through its own
-    native file, without the GIL; the sync at the end covers what it wrote)."""
+    native file, without the GIL; the sync at the end covers what it wrote). `every` 0: never synced."""
 
     def __init__(self, f: BinaryIO, every: int, path: str) -> None:
         self._f = f
@@ -37,7 +37,11 @@ class AtomicFile:
     def write(self, data: Any) -> int:
         n = self._f.write(data)
         self._unsynced += n
-        if self._unsynced >= self._every and (self._syncing is None or not self._syncing.is_alive()):
+        if (
+            self._every
+            and self._unsynced >= self._every
+            and (self._syncing is None or not self._syncing.is_alive())
+        ):
             self._raise_if_failed()
             self._f.flush()  # hand the buffered bytes to the kernel, then sync them off this thread
             self._unsynced = 0
@@ -81,10 +85,12 @@ class AtomicFile:
             self._syncing.join()
 
     def finish(self) -> None:
-        """After `wait`: raise the background sync's error, then flush and sync what is left."""
+        """After `wait`: raise the background sync's error, then flush and sync what is left (flush only
+        for a file that is never synced)."""
         self._raise_if_failed()
         self._f.flush()
-        os.fsync(self._f.fileno())
+        if self._every:
+            os.fsync(self._f.fileno())
 
 
 def _umask() -> int:
@@ -102,15 +108,16 @@ def _umask() -> int:
 
 
 @contextmanager
-def atomic_file(out: str | os.PathLike[str]) -> Iterator[AtomicFile]:
+def atomic_file(out: str | os.PathLike[str], *, durable: bool = True) -> Iterator[AtomicFile]:
     """A binary file to write `out` through: rows go to a temporary file in the same folder, which is synced
-    and renamed over `out` when the block ends without an error, and removed when it raises."""
+    and renamed over `out` when the block ends without an error, and removed when it raises. `durable`
+    False: never synced (a part of a parallel export, which is synced once, where it is appended)."""
     path = Path(out)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
-            ahead = AtomicFile(f, SYNC_AHEAD_BYTES, tmp_name)
+            ahead = AtomicFile(f, SYNC_AHEAD_BYTES if durable else 0, tmp_name)
             try:
                 yield ahead
             finally:
@@ -123,6 +130,8 @@ def atomic_file(out: str | os.PathLike[str]) -> Iterator[AtomicFile]:
         except FileNotFoundError:
             pass
         raise
+    if not durable:
+        return
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:

@@ -43,24 +43,14 @@ def _mask_json(n: int, spans: list[tuple[int, int]]) -> orjson.Fragment:
 
 
 def _logprobs_json(n: int, spans: list[tuple[int, int]], values: list[np.ndarray | None]) -> orjson.Fragment:
-    given = [lps for lps in values if lps is not None and len(lps)]
-    text = b""
-    commas: list[int] = []
-    if given:  # one orjson call for every span's values; each span's text is found by counting commas
-        text = orjson.dumps(np.concatenate(given).astype(np.float64), option=orjson.OPT_SERIALIZE_NUMPY)
-        commas = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 44).tolist()  # b","
     parts: list[bytes] = []
     end = 0
-    value = 0  # values written so far
     for (a, b), lps in zip(spans, values, strict=True):
         parts.append(b"null," * (a - end))
         if lps is None:
             parts.append(b"null," * (b - a))
-        elif b > a:
-            start = commas[value - 1] + 1 if value else 1
-            value += b - a
-            stop = commas[value - 1] + 1 if value <= len(commas) else len(text)  # past "," or "]"
-            parts += (text[start : stop - 1], b",")
+        elif b > a:  # one orjson call per span (its "[...]" without the brackets): no search for commas
+            parts += (orjson.dumps(lps.astype(np.float64), option=orjson.OPT_SERIALIZE_NUMPY)[1:-1], b",")
         end = b
     parts.append(b"null," * (n - end))
     return _close(parts)
@@ -98,6 +88,7 @@ def write_jsonl(
     out: str | os.PathLike[str] | IO[Any],
     *,
     append: Callable[[], Sequence[str]] | None = None,
+    durable: bool = True,
 ) -> ExportStats:
     """Write one row per trajectory to a file path or an open stream (text or binary). Trajectories without
     a token are left out and counted (`ExportStats.skipped_empty_rows`).
@@ -105,7 +96,9 @@ def write_jsonl(
     A path is written atomically: rows go to a temporary file in the same folder, which is synced and renamed
     over `out` only once every row is written, so `out` is either the old file or the complete new one.
     `append` (a path only): called once the rows are written, it gives JSONL files whose bytes follow them
-    (the parts of a parallel export, export/parallel.py); an error it raises fails the export.
+    (the parts of a parallel export, export/parallel.py); an error it raises fails the export. `durable`
+    False (a path only): the file is not synced to disk (a part of a parallel export, synced where it is
+    appended).
     """
     if not isinstance(out, (str, os.PathLike)):
         if append is not None:
@@ -114,7 +107,7 @@ def write_jsonl(
             return _write_rows(trajectories, out.write)
         return _write_rows(trajectories, lambda data: out.write(data.decode()))
 
-    with atomic_file(out) as f:
+    with atomic_file(out, durable=durable) as f:
         stats = _write_rows(trajectories, f.write)
         for part in append() if append is not None else ():
             f.append_file(part)

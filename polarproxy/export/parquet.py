@@ -213,17 +213,19 @@ def write_parquet(
     out: str | os.PathLike[str],
     *,
     append: Callable[[], Sequence[str]] | None = None,
+    durable: bool = True,
 ) -> ExportStats:
     """Write one row per trajectory to the Parquet file `out`, atomically (the old file or the complete new
     one), one row group at a time. Raises ValueError for a row that cannot be exported (see
     trajectory_to_row). Trajectories without a token are left out and counted
     (`ExportStats.skipped_empty_rows`). `append`: called once the rows are written, it gives Parquet files
-    of this schema whose row groups follow them (the parts of a parallel export, export/parallel.py)."""
+    of this schema whose row groups follow them (the parts of a parallel export, export/parallel.py).
+    `durable` False: the file is not synced to disk (such a part, synced where it is appended)."""
     _pa, pq = _import_pyarrow()
     schema = arrow_schema()
     stats = ExportStats()
     with (
-        atomic_file(out) as f,
+        atomic_file(out, durable=durable) as f,
         pq.ParquetWriter(
             f.path,
             schema,

@@ -236,7 +236,7 @@ def _write_in_parts(
     def work(episode_ids: list[str], path: str) -> tuple[ExportStats, int]:
         own = Store.open(store.connect_url)  # a connection of this process's own, never the parent's
         try:
-            part_stats = write(rows(own, episode_ids), path)
+            part_stats = write(rows(own, episode_ids), path, durable=False)  # synced once appended
         finally:
             own.close()
         return part_stats, report.rows_dropped if report is not None else 0

@@ -11,8 +11,8 @@ from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
 
 class Writer(Protocol):
-    """`write(trajectories, out, append=None) -> ExportStats`; `append` gives files of the same format whose
-    rows follow (export/parallel.py)."""
+    """`write(trajectories, out, append=None, durable=True) -> ExportStats`; `append` gives files of the same
+    format whose rows follow (export/parallel.py); `durable` False leaves the file unsynced (such a part)."""
 
     def __call__(
         self,
@@ -20,6 +20,7 @@ class Writer(Protocol):
         out: str | os.PathLike[str],
         *,
         append: Callable[[], Sequence[str]] | None = None,
+        durable: bool = True,
     ) -> ExportStats: ...
 
 

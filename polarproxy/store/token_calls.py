@@ -155,7 +155,8 @@ class _Episode:
                 raise StoreError(f"Call {current} stores its request body as an edit but has no base call.")
             chain.append((current, delta))
             current = base
-        for cid, delta in reversed(chain):
+        keep_from = len(chain) - _FULL_CACHE  # only the texts nearest the call asked for are kept
+        for i, (cid, delta) in enumerate(reversed(chain)):
             try:
                 pieces = orjson.loads(zlib.decompress(delta))
                 if len(pieces) != 2:
@@ -163,7 +164,8 @@ class _Episode:
                 text = textdelta.apply(text, pieces[1])
             except (ValueError, zlib.error) as exc:
                 raise StoreError(f"Call {cid}'s stored request body cannot be rebuilt: {exc}.") from exc
-            self._remember(cid, text)
+            if i >= keep_from:
+                self._remember(cid, text)
         return text  # type: ignore[no-any-return]
 
     def _remember(self, call_id: str, text: str | None) -> None:

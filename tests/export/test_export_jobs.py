@@ -42,6 +42,17 @@ if a["fail_workers"]:
         return real_open(*args, **kw)
 
     Store.open = open_in_parent_only
+if a["syncs"]:  # which processes sync a file: one line per call, their PID
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+    def noting(real):
+        def sync(fd):
+            with open(a["syncs"], "a") as f:
+                print(os.getpid(), file=f)
+            real(fd)
+        return sync
+
+    os.fsync, os.fdatasync = noting(real_fsync), noting(real_fdatasync)
 store = Store.open(a["db"])
 try:
     summary = run_export(
@@ -51,7 +62,7 @@ try:
     )
 except parallel.ExportJobError as e:
     summary = {"error": str(e)}
-print(json.dumps(summary))
+print(json.dumps(summary | {"pid": os.getpid()}))
 """
 
 
@@ -65,6 +76,7 @@ def _fresh(
     advantages: str | None = None,
     model_name: str | None = None,
     fail_workers: bool = False,
+    syncs=None,
 ) -> dict:
     """run_export(..., jobs=jobs) in a new interpreter on the same database; its summary, or {"error"}."""
     args = {
@@ -76,6 +88,7 @@ def _fresh(
         "advantages": advantages,
         "model_name": model_name,
         "fail_workers": fail_workers,
+        "syncs": None if syncs is None else str(syncs),
     }
     done = subprocess.run(
         [sys.executable, "-c", _FRESH, json.dumps(args)], capture_output=True, text=True, timeout=300
@@ -112,7 +125,7 @@ def test_three_jobs_write_the_rows_of_one(rich, tmp_path, strategy, fmt):
     )
     many = _fresh(rich, out / f"many.{fmt}", jobs=3, strategy=strategy, fmt=fmt, advantages="grpo")
     assert one["jobs"] == 1 and many["jobs"] >= 2  # parts of about equal calls: at most 3
-    assert many | {"out": None, "jobs": None} == one | {"out": None, "jobs": None}
+    assert many | {"out": None, "jobs": None, "pid": None} == one | {"out": None, "jobs": None, "pid": None}
     assert one["advantages"]["rows_dropped"] > 0  # counted in a worker (the loop is alone in its group)
     _same_rows(fmt, out / f"one.{fmt}", out / f"many.{fmt}")
     assert _leftovers(out) == []
@@ -220,3 +233,19 @@ def test_cli_export_with_jobs(rich, tmp_path):
         app, ["export", "--db", db, "--out", str(tmp_path / "s.jsonl"), "--format", "sft", "--jobs", "2"]
     )
     assert sft.exit_code == 2 and "--jobs goes with" in sft.output
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_only_the_file_written_is_synced_not_the_workers_parts(rich, tmp_path, fmt):
+    """A part is a temporary file, appended to the export and removed: syncing it to disk too would write
+    every part twice. The workers leave theirs unsynced; the process that appends them syncs the file."""
+    syncs = tmp_path / "syncs"
+    out = tmp_path / "out"
+    out.mkdir()
+    summary = _fresh(rich, out / f"many.{fmt}", jobs=3, fmt=fmt, syncs=syncs)
+    assert summary["jobs"] >= 2
+    pids = set(syncs.read_text().split())
+    assert pids == {str(summary["pid"])}  # workers ran (jobs >= 2) and synced nothing
+    one = run_export(rich, out / f"one.{fmt}", fmt=fmt)
+    _same_rows(fmt, out / f"one.{fmt}", out / f"many.{fmt}")
+    assert one["rows"] == summary["rows"] and _leftovers(out) == []
