@@ -3,7 +3,8 @@
 Each write is queued with a future; the thread takes everything queued so far and applies it in one
 transaction (group commit), so under load one commit covers many calls; a run of call begins and finishes
 in a group is a fixed number of statements whatever its length (`Store.write_calls`: the begins' sequence
-numbers, their bases, their rows, then the finishes). Nothing waits for more writes to arrive: a group is
+numbers, their bases, their rows, then the finishes), whose Python work (packing, JSON, body edits) is done
+before the transaction opens, so the write lock covers the statements only. Nothing waits for more writes to arrive: a group is
 what was already queued when the previous commit ended. Futures resolve only after the commit (all of a
 group's at once, one wake-up of each event loop), so a call awaited here is on disk (T6). If a grouped
 transaction fails, its writes are retried one by one, so one bad write fails alone.
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polarproxy.store import maintenance, owners, spool
+from polarproxy.store.call_writes import PreparedCalls
 from polarproxy.store.ids import new_call_id, new_episode_id
 from polarproxy.store.records import CallResult, CallStart, EpisodeStart, RewardOrigin, RewardRecord
 from polarproxy.store.spool import SpoolError, SpoolFile, is_unavailable
@@ -176,8 +178,9 @@ class StoreWriter:
                 self._to_spool(ops)
                 return
         try:
+            plan = self._plan(ops)  # the Python work of its call writes, before the write lock is taken
             with self.store.batch():
-                results = self._direct_group(ops)
+                results = self._direct_group(ops, plan)
         except Exception as e:
             if is_unavailable(e):
                 self._start_spooling(e, ops)
@@ -197,22 +200,34 @@ class StoreWriter:
             else:
                 _settle(o, True, value)
 
-    def _direct_group(self, ops: list[_Op]) -> list[Any]:
-        """Apply a group in order inside the open batch; a run of call begins and finishes is one
-        `write_calls` (its begins, then its finishes: no finish in a run can be of a call begun in it, since
-        the call's ID comes from its begin's future)."""
-        results: list[Any] = []
+    def _plan(self, ops: list[_Op]) -> dict[int, tuple[int, PreparedCalls]]:
+        """Each run of call begins and finishes in a group, by its first op's index: (the index
+        after the run, the run prepared as one `write_calls`: its begins, then its finishes; no finish in a
+        run can be of a call begun in it, since the call's ID comes from its begin's future)."""
+        plan: dict[int, tuple[int, PreparedCalls]] = {}
         i = 0
         while i < len(ops):
             j = i
             while j < len(ops) and _call_write(ops[j].op):
                 j += 1
-            if j - i > 1:
+            if j > i:
                 run = [o.op for o in ops[i:j]]
                 begins = [(op["call_id"], op["start"]) for op in run if op["op"] == "begin_call"]
                 finishes = [(op["call_id"], op["result"]) for op in run if op["op"] == "finish_call"]
-                began = iter(self.store.write_calls(begins, finishes))
-                results += [next(began) if op["op"] == "begin_call" else None for op in run]
+                plan[i] = (j, self.store.prepare_calls(begins, finishes))
+            i = max(j, i + 1)
+        return plan
+
+    def _direct_group(self, ops: list[_Op], plan: dict[int, tuple[int, PreparedCalls]]) -> list[Any]:
+        """Apply a group in order inside the open batch: its planned runs each as one write, the rest op by
+        op."""
+        results: list[Any] = []
+        i = 0
+        while i < len(ops):
+            if i in plan:
+                j, prepared = plan[i]
+                began = iter(self.store.write_prepared(prepared))
+                results += [next(began) if o.op["op"] == "begin_call" else None for o in ops[i:j]]
                 i = j
             else:
                 results.append(self._direct(ops[i].op))

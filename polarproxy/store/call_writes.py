@@ -216,6 +216,14 @@ class _Begin:
     row: list[Any]  # BEGIN_COLUMNS
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedCalls:
+    """A group of begins and finishes made ready outside any transaction (`prepare_calls`)."""
+
+    begins: list[_Begin]
+    finishes: list[tuple[Any, ...]]  # _finish_row's
+
+
 _SEQ = BEGIN_COLUMNS.index("seq")
 _BASE_ID, _BASE_LEN, _TAIL = (
     BEGIN_COLUMNS.index(c) for c in ("prompt_base_call_id", "prompt_base_len", "prompt_tail_ids")
@@ -309,17 +317,33 @@ class CallWritesMixin:
         then `finish_call` for each of `finishes`, in one transaction of at most four statements; returns
         the begun calls' (call_id, seq). All or none: if one write fails, nothing is written (inside a
         `batch`, the batch fails) and its error is raised."""
-        prepared = [self._prepare_begin(start, call_id or new_call_id()) for call_id, start in begins]
-        finished = [_finish_row(call_id, result) for call_id, result in finishes]
-        if not prepared and not finished:
+        return self.write_prepared(self.prepare_calls(begins, finishes))
+
+    def prepare_calls(
+        self,
+        begins: Sequence[tuple[str | None, CallStart]],
+        finishes: Sequence[tuple[str, CallResult]] = (),
+    ) -> PreparedCalls:
+        """The Python half of `write_calls`, done before any transaction opens: packed prompts and outputs,
+        JSON, the prompt bases chosen and the body edits. A writer that groups several runs into one `batch`
+        prepares them all first, so that the write lock (SQLite's is the whole file's, from `BEGIN
+        IMMEDIATE`) is held only for the statements (issue 12). Raises what a bad write would (ValueError)."""
+        return PreparedCalls(
+            [self._prepare_begin(start, call_id or new_call_id()) for call_id, start in begins],
+            [_finish_row(call_id, result) for call_id, result in finishes],
+        )
+
+    def write_prepared(self, prepared: PreparedCalls) -> list[tuple[str, int]]:
+        """Write what `prepare_calls` made, as `write_calls` does. A prepared group may be written again
+        after its transaction failed (its rows are copied, never changed)."""
+        if not prepared.begins and not prepared.finishes:
             return []
         with self._write() as conn:
             sql = _statements(conn)
-            if prepared:
-                self._insert_begins(conn, sql, prepared)
-            if finished:
-                self._update_finishes(conn, sql, finished)
-        return [(p.call_id, p.row[_SEQ]) for p in prepared]
+            seqs = self._insert_begins(conn, sql, prepared.begins) if prepared.begins else []
+            if prepared.finishes:
+                self._update_finishes(conn, sql, prepared.finishes)
+        return [(b.call_id, seq) for b, seq in zip(prepared.begins, seqs, strict=True)]
 
     def _prepare_begin(self, start: CallStart, call_id: str) -> _Begin:
         """Everything a begin needs outside the transaction: packed prompt, JSON, the base and body edits."""
@@ -359,7 +383,7 @@ class CallWritesMixin:
         ]
         return _Begin(call_id, start.episode_id, prompt, bodies, base, delta, row)
 
-    def _insert_begins(self, conn: Connection, sql: _Statements, begins: list[_Begin]) -> None:
+    def _insert_begins(self, conn: Connection, sql: _Statements, begins: list[_Begin]) -> list[int]:
         counts = Counter(b.episode_id for b in begins)
         next_seq = dict(conn.exec_driver_sql(sql.next_seqs, sql.seq_params(counts)).all())
         for b in begins:
@@ -370,17 +394,21 @@ class CallWritesMixin:
         seq = {eid: next_seq[eid] - n for eid, n in counts.items()}  # the first of each episode's
         bases = [b.base.call_id for b in begins if b.base is not None]
         rows = {} if not bases else {r[0]: r for r in conn.exec_driver_sql(sql.bases, sql.id_params(bases))}
+        out: list[tuple[Any, ...]] = []
         for b in begins:
-            b.row[_SEQ] = seq[b.episode_id]
+            row = list(b.row)
+            row[_SEQ] = seq[b.episode_id]
             seq[b.episode_id] += 1
             if b.base is not None and _base_holds(rows.get(b.base.call_id), b.base, b.episode_id):
-                b.row[_BASE_ID], b.row[_BASE_LEN] = b.base.call_id, b.base.length
-                b.row[_TAIL] = b.prompt[4 * b.base.length :]
+                row[_BASE_ID], row[_BASE_LEN] = b.base.call_id, b.base.length
+                row[_TAIL] = b.prompt[4 * b.base.length :]
                 if b.delta is not None:  # the bodies as edits of the base's (textdelta.py)
-                    b.row[_BODY], b.row[_CONVERSATION], b.row[_DELTA] = "", None, b.delta
-        conn.exec_driver_sql(sql.insert, [tuple(b.row) for b in begins])
+                    row[_BODY], row[_CONVERSATION], row[_DELTA] = "", None, b.delta
+            out.append(tuple(row))
+        conn.exec_driver_sql(sql.insert, out)
         for b in begins:
             self._after_commit(partial(self._recent.began, b.episode_id, b.call_id, b.prompt, b.bodies))
+        return [row[_SEQ] for row in out]
 
     def _update_finishes(self, conn: Connection, sql: _Statements, finished: list[tuple[Any, ...]]) -> None:
         if conn.exec_driver_sql(sql.finish, finished).rowcount != len(finished):

@@ -71,6 +71,40 @@ async def test_close_applies_what_is_queued(tmp_path):
     assert len(Store.open(tmp_path / "w.db").list_calls(ep)) == 1
 
 
+async def test_a_groups_call_writes_are_prepared_before_the_write_lock_is_taken(tmp_path, monkeypatch):
+    """Packing, JSON and body edits happen outside the transaction (issue 12): while the writer thread
+    prepares a group, another connection can take SQLite's write lock at once, so other writers of the
+    file are not held up by this one's Python work."""
+    import sqlite3
+
+    store = Store.open(tmp_path / "w.db")
+    writer = StoreWriter(store)
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    lock_free: list[bool] = []
+    prepare = Store.prepare_calls
+
+    def checking(self, begins, finishes=()):
+        other = sqlite3.connect(tmp_path / "w.db", timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+            lock_free.append(True)
+        except sqlite3.OperationalError:  # "database is locked": the group's transaction is open
+            lock_free.append(False)
+        finally:
+            other.close()
+        return prepare(self, begins, finishes)
+
+    monkeypatch.setattr(Store, "prepare_calls", checking)
+    began = await asyncio.gather(*(writer.begin_call(start(ep, i)) for i in range(50)))
+    await asyncio.gather(
+        *(writer.finish_call(cid, CallResult(status="ok", output_ids=[7])) for cid, _ in began)
+    )
+    writer.close()
+    assert lock_free and all(lock_free), lock_free
+    assert [c.status for c in Store.open(tmp_path / "w.db").list_calls(ep)] == ["ok"] * 50
+
+
 def test_store_batch_rolls_back_as_a_whole(tmp_path):
     store = Store.open(tmp_path / "b.db")
     ep = store.create_episode(EpisodeStart(command=["x"]))
