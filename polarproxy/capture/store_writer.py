@@ -3,11 +3,11 @@
 Each write is queued with a future; the thread takes everything queued so far and applies it in one
 transaction (group commit), so under load one commit covers many calls; a run of call begins and finishes
 in a group is a fixed number of statements whatever its length (`Store.write_calls`: the begins' sequence
-numbers, their bases, their rows, then the finishes), whose Python work (packing, JSON, body edits) is done
-before the transaction opens, so the write lock covers the statements only. Nothing waits for more writes to arrive: a group is
-what was already queued when the previous commit ended. Futures resolve only after the commit (all of a
-group's at once, one wake-up of each event loop), so a call awaited here is on disk (T6). If a grouped
-transaction fails, its writes are retried one by one, so one bad write fails alone.
+numbers, their bases, their rows, then the finishes), whose Python work (packing, JSON, body edits) is
+done before the transaction opens, so the write lock covers the statements only. Nothing waits for more
+writes to arrive: a group is what was already queued when the previous commit ended. Futures resolve only
+after the commit (all of a group's at once, one wake-up of each event loop), so a call awaited here is on
+disk (T6). If a grouped transaction fails, its writes are retried one by one, so one bad write fails alone.
 
 Outages (store/spool.py): when the database cannot take a write (unreachable, full, read-only), that write
 and every later one go to this writer's spool file, fsynced before their futures resolve, and a replayer
@@ -178,9 +178,9 @@ class StoreWriter:
                 self._to_spool(ops)
                 return
         try:
-            plan = self._plan(ops)  # the Python work of its call writes, before the write lock is taken
+            segments = self._plan(ops)  # its call writes' Python work, before the write lock is taken
             with self.store.batch():
-                results = self._direct_group(ops, plan)
+                results = self._direct_group(segments)
         except Exception as e:
             if is_unavailable(e):
                 self._start_spooling(e, ops)
@@ -200,38 +200,32 @@ class StoreWriter:
             else:
                 _settle(o, True, value)
 
-    def _plan(self, ops: list[_Op]) -> dict[int, tuple[int, PreparedCalls]]:
-        """Each run of call begins and finishes in a group, by its first op's index: (the index
-        after the run, the run prepared as one `write_calls`: its begins, then its finishes; no finish in a
-        run can be of a call begun in it, since the call's ID comes from its begin's future)."""
-        plan: dict[int, tuple[int, PreparedCalls]] = {}
-        i = 0
-        while i < len(ops):
-            j = i
-            while j < len(ops) and _call_write(ops[j].op):
-                j += 1
-            if j > i:
-                run = [o.op for o in ops[i:j]]
-                begins = [(op["call_id"], op["start"]) for op in run if op["op"] == "begin_call"]
-                finishes = [(op["call_id"], op["result"]) for op in run if op["op"] == "finish_call"]
-                plan[i] = (j, self.store.prepare_calls(begins, finishes))
-            i = max(j, i + 1)
-        return plan
-
-    def _direct_group(self, ops: list[_Op], plan: dict[int, tuple[int, PreparedCalls]]) -> list[Any]:
-        """Apply a group in order inside the open batch: its planned runs each as one write, the rest op by
-        op."""
-        results: list[Any] = []
-        i = 0
-        while i < len(ops):
-            if i in plan:
-                j, prepared = plan[i]
-                began = iter(self.store.write_prepared(prepared))
-                results += [next(began) if o.op["op"] == "begin_call" else None for o in ops[i:j]]
-                i = j
+    def _plan(self, ops: list[_Op]) -> list[tuple[list[_Op], PreparedCalls | None]]:
+        """A group cut into its segments, in order: each run of call begins and finishes with the run
+        prepared as one `write_calls` (its begins, then its finishes; no finish in a run can be of a call
+        begun in it, since the call's ID comes from its begin's future), and every other op alone."""
+        segments: list[list[_Op]] = []
+        for o in ops:
+            if segments and _call_write(o.op) and _call_write(segments[-1][0].op):
+                segments[-1].append(o)
             else:
-                results.append(self._direct(ops[i].op))
-                i += 1
+                segments.append([o])
+        return [(seg, self._prepare_run(seg) if _call_write(seg[0].op) else None) for seg in segments]
+
+    def _prepare_run(self, run: list[_Op]) -> PreparedCalls:
+        begins = [(o.op["call_id"], o.op["start"]) for o in run if o.op["op"] == "begin_call"]
+        finishes = [(o.op["call_id"], o.op["result"]) for o in run if o.op["op"] == "finish_call"]
+        return self.store.prepare_calls(begins, finishes)
+
+    def _direct_group(self, segments: list[tuple[list[_Op], PreparedCalls | None]]) -> list[Any]:
+        """Apply a planned group in order inside the open batch: each run as one write, other ops alone."""
+        results: list[Any] = []
+        for run, prepared in segments:
+            if prepared is None:
+                results.append(self._direct(run[0].op))
+                continue
+            began = iter(self.store.write_prepared(prepared))
+            results += [next(began) if o.op["op"] == "begin_call" else None for o in run]
         return results
 
     def _direct(self, op: dict[str, Any]) -> Any:

@@ -213,7 +213,7 @@ class _Begin:
     bodies: tuple[str, str | None]
     base: Base | None
     delta: bytes | None
-    row: list[Any]  # BEGIN_COLUMNS
+    row: list[Any]  # BEGIN_COLUMNS; never changed (copied when written, so a group can be written again)
 
 
 @dataclass(frozen=True, slots=True)
