@@ -110,6 +110,7 @@ bench: $(STAMP)
 	$(PY) bench/intercept_overhead.py --json bench/results/intercept-latest.json
 	$(PY) bench/store_write.py --json bench/results/store-latest.json
 	$(PY) bench/export_speed.py --json bench/results/export-latest.json
+	$(PY) bench/export_speed.py --episodes 250 --context 32768 --no-prompts --json bench/results/export-32k-latest.json
 	$(PY) bench/render_prefix.py --json bench/results/render-prefix-latest.json
 	$(PY) bench/fidelity_ablation.py --json bench/results/fidelity-latest.json
 	$(PY) bench/train_step.py --json bench/results/train-step-latest.json

@@ -1,7 +1,7 @@
 """Reconstruction and export speed, and the per-turn cost of prefix-preserving prompts.
 
     python bench/export_speed.py [--quick] [--episodes N] [--calls N] [--context N] [--json OUT]
-                                 [--db PATH] [--profile STRATEGY:FORMAT]
+                                 [--db PATH] [--profile STRATEGY:FORMAT] [--no-prompts]
 
 Export phase. A synthetic SQLite store (default 1,000 episodes x 30 calls whose context grows to 8,192
 tokens) is written through the Store API (`begin_call` / `finish_call`, call k of 10 episodes per group commit),
@@ -25,6 +25,11 @@ with the tiny model's tokenizer and chat template: each turn is a tool call (~40
 result (~25 tokens). The cost of building each turn's prompt is the median of repeated builds; reported at
 turns 1 (rendered fresh: nothing to extend), 2, 32 and 128, with the ratio turn 128 / turn 1, and beside
 it the cost of rendering the turn-128 conversation fresh (what a system that re-tokenizes pays).
+
+`make bench` runs the export phase a second time at the size issue 12 names for a rollout fleet's
+trajectories: 250 episodes x 30 calls growing to 32,768 tokens (`--episodes 250 --context 32768
+--no-prompts`), about as many recorded tokens as the default store, in 4x fewer, longer calls. A call's
+fixed cost (its row, its place in the merge) weighs 4x less per written token there.
 
 Targets: >= 10 M written tokens/s for every strategy and format (issue 12), memory flat in the store's size;
 prompt construction at turn 128 within 2x of turn 1 (issue 4).
@@ -386,6 +391,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int)
     ap.add_argument("--context", type=int)
     ap.add_argument("--turns", type=int, help="prompt phase: turns (default 128, --quick 32)")
+    ap.add_argument("--no-prompts", action="store_true", help="the export phase only")
     ap.add_argument("--db", type=Path, help="keep the synthetic store here (reused if it has the size)")
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument(
@@ -421,8 +427,10 @@ def main() -> int:
             log(f"  {build['seconds']} s, {build['db_mb']} MB")
         log("bench: exports (each in a fresh process) ...")
         runs = export_phase(db, tmp, a.profile)
-    log(f"bench: prompt construction over {turns} turns ...")
-    prompts = prompt_phase(turns, repeats=5 if a.quick else 15, model=a.model)
+    prompts = None
+    if not a.no_prompts:
+        log(f"bench: prompt construction over {turns} turns ...")
+        prompts = prompt_phase(turns, repeats=5 if a.quick else 15, model=a.model)
 
     report = {
         "size": {"episodes": episodes, "calls_per_episode": calls, "context_tokens": context},
@@ -469,6 +477,8 @@ def print_table(report: dict[str, Any]) -> None:
             f"{max(r['peak_rss_mb'], r.get('workers_peak_rss_mb') or 0):>9}"
         )
     p = report["prompts"]
+    if p is None:
+        return
     print(f"\nPrompt construction (T2 index), median of {p['repeats']} builds per turn (wall, thread CPU):")
     for t, ms in p["per_turn_ms"].items():
         cpu = p["per_turn_cpu_ms"][t]

@@ -2,9 +2,9 @@
 
 A SpanTrajectory (built from the store's token arrays, reconstruct/trajectory.py) is written without a
 Python object per token: orjson writes `input_ids` from the int32 array itself, `loss_mask` is runs of
-`0,` and `1,` made by repeating bytes, and `logprobs` is runs of `null,` around each call's logprobs,
-written by orjson from the float32 values widened to float64 (the value a Python float of them has, so the
-text is the one a list of floats gives). The bytes equal those of the row's lists (tests/export).
+`0,` and `1,` made by repeating bytes, and `logprobs` is one float64 array written by orjson: the float32
+values widened (the value a Python float of them has, so the text is the one a list of floats gives), NaN
+(written `null`) outside the call spans. The bytes equal those of the row's lists (tests/export).
 """
 
 from __future__ import annotations
@@ -42,18 +42,14 @@ def _mask_json(n: int, spans: list[tuple[int, int]]) -> orjson.Fragment:
     return _close(parts)
 
 
-def _logprobs_json(n: int, spans: list[tuple[int, int]], values: list[np.ndarray | None]) -> orjson.Fragment:
-    parts: list[bytes] = []
-    end = 0
+def _logprobs_array(n: int, spans: list[tuple[int, int]], values: list[np.ndarray | None]) -> np.ndarray:
+    """The row's logprobs as one float64 array, NaN where there is none: orjson writes NaN as `null` (a
+    recorded logprob is finite: span_row rejects the row otherwise), so the array is written in one call."""
+    out = np.full(n, np.nan)
     for (a, b), lps in zip(spans, values, strict=True):
-        parts.append(b"null," * (a - end))
-        if lps is None:
-            parts.append(b"null," * (b - a))
-        elif b > a:  # one orjson call per span (its "[...]" without the brackets): no search for commas
-            parts += (orjson.dumps(lps.astype(np.float64), option=orjson.OPT_SERIALIZE_NUMPY)[1:-1], b",")
-        end = b
-    parts.append(b"null," * (n - end))
-    return _close(parts)
+        if lps is not None:
+            out[a:b] = lps
+    return out
 
 
 def span_row_json(traj: SpanTrajectory) -> bytes:
@@ -62,7 +58,7 @@ def span_row_json(traj: SpanTrajectory) -> bytes:
     tokens = {
         "input_ids": traj.input_ids,
         "loss_mask": _mask_json(n, spans),
-        "logprobs": _logprobs_json(n, spans, traj.span_logprobs),
+        "logprobs": _logprobs_array(n, spans, traj.span_logprobs),
     }
     return orjson.dumps(span_row(traj, tokens), option=_NUMPY)
 
