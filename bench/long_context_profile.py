@@ -18,10 +18,10 @@ STAGES: list[tuple[str, str, str]] = [
     ("chat template (jinja, tail render)", "", "jinja2"),
     ("chat template (jinja, tail render)", "", "render/renderer.py"),
     ("T2 prefix check (_mismatch: message comparison)", "_mismatch", "render/prefix.py"),
-    ("T2 prompt assembly (list of all prompt IDs)", "build", "render/prefix.py"),
+    ("T2 prompt assembly (one int32 array)", "build", "render/prefix.py"),
     ("T2 other (prefix.py)", "", "render/prefix.py"),
     ("T2 index: int32 arrays of the turn (_finish_ok)", "_finish_ok", "capture/gateway.py"),
-    ("store: pack_ids (prompt IDs to int32 bytes)", "pack_ids", "store/arrays.py"),
+    ("store: pack_ids (the prompt array's bytes)", "pack_ids", "store/arrays.py"),
     ("store: conversation JSON (to_dict + orjson)", "_dumps", "store/call_writes.py"),
     ("store: conversation JSON (to_dict + orjson)", "to_dict", "polarproxy/conversation.py"),
     ("store: body edits (textdelta)", "", "store/textdelta.py"),
@@ -118,9 +118,11 @@ def _case_operations(
 ) -> dict[str, Any]:
     from array import array
 
+    from polarproxy.backends.wire import _json_default
     from polarproxy.dialects.openai_chat import OpenAIChat
     from polarproxy.store import textdelta
-    from polarproxy.store.arrays import pack_ids
+    from polarproxy.store.arrays import int32_array, pack_ids
+    from polarproxy.store.bases import Known, choose_base
 
     last, prev = messages[:-1], messages[:-3]  # the last call's messages, and the one before's
 
@@ -130,17 +132,29 @@ def _case_operations(
     body, prev_body = body_of(last), body_of(prev)
     conv, prev_conv = OpenAIChat().parse(orjson.loads(body)), OpenAIChat().parse(orjson.loads(prev_body))
     ids = r.render(conv).ids
+    # The forms the proxy holds them in (render/prefix.py): the earlier call's prompt and output as int32
+    # arrays, the tail's IDs as the tokenizer gives them (a list); the prompt is their join, an array.
     turn_prompt, turn_out, tail = array("i", ids[:-60]), array("i", output_ids), ids[-60 + 36 :]
+    prompt = turn_prompt + turn_out + array("i", tail)
+    packed = pack_ids(prompt)
+    earlier = Known("c0", "e0", pack_ids(turn_prompt + turn_out), len(turn_prompt), len(turn_out))
     conv_json, prev_json = (
         orjson.dumps(conv.to_dict()).decode(),
         orjson.dumps(prev_conv.to_dict()).decode(),
     )
     n = len(prev_conv.messages)
     ops = {
-        "prompt list assembly (T2: [*prompt, *output, *tail])": lambda: [*turn_prompt, *turn_out, *tail],
-        "pack_ids for the store (int32 bytes)": lambda: pack_ids(ids),
-        "array('i') for the T2 index (_finish_ok)": lambda: array("i", ids),
-        "JSON of input_ids for /generate (orjson)": lambda: orjson.dumps({"input_ids": ids, "stream": False}),
+        "T2 prompt assembly (prompt + output + tail arrays)": lambda: (
+            turn_prompt + turn_out + array("i", tail)
+        ),
+        "pack_ids for the store (an int32 array's bytes)": lambda: pack_ids(prompt),
+        "int32 array for the T2 index (_finish_ok, no copy)": lambda: int32_array(prompt),
+        "store base choice (prefix compare, bases.py)": lambda: choose_base(
+            packed, [earlier], hint="c0", hint_len=None
+        ),
+        "JSON of input_ids for /generate (orjson, numpy view)": lambda: orjson.dumps(
+            {"input_ids": prompt, "stream": False}, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY
+        ),
         "request parse (orjson + dialect)": lambda: OpenAIChat().parse(orjson.loads(body)),
         "conversation to_dict (addon)": conv.to_dict,
         "conversation JSON (store, orjson)": lambda: orjson.dumps(conv.to_dict()).decode(),
@@ -161,9 +175,10 @@ def operation_costs(
 ) -> dict[str, Any]:
     """Best-of-15 milliseconds of each per-call operation the proxy runs on the whole prompt or the whole
     request, on the last call of a finished 1k and 32k episode (the real bodies and token IDs), with the
-    same functions the proxy calls. What the proxy does with the prompt (gateway.py, prefix.py, store):
-    builds it as a Python list (T2: earlier prompt + output + tail), packs it to int32 bytes for the store
-    (pack_ids) and again for the T2 index (array), writes it as JSON for /generate; parses the request,
+    same functions the proxy calls, on the values in the forms it holds them. What the proxy does with the
+    prompt (gateway.py, prefix.py, store): joins it as one int32 array (T2: earlier prompt + output + tail),
+    packs that array's bytes for the store (pack_ids) and compares them with the base's (bases.py), keeps
+    the same array in the T2 index, writes it as JSON for /generate through a numpy view; parses the request,
     turns the conversation into a dict (addon) and JSON (store), compares its messages with the earlier
     call's (T2), and stores both bodies as edits of the earlier call's (textdelta)."""
     from polarproxy.render.renderer import Renderer
