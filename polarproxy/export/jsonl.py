@@ -42,23 +42,14 @@ def _mask_json(n: int, spans: list[tuple[int, int]]) -> orjson.Fragment:
     return _close(parts)
 
 
-def _logprobs_array(n: int, spans: list[tuple[int, int]], values: list[np.ndarray | None]) -> np.ndarray:
-    """The row's logprobs as one float64 array, NaN where there is none: orjson writes NaN as `null` (a
-    recorded logprob is finite: span_row rejects the row otherwise), so the array is written in one call."""
-    out = np.full(n, np.nan)
-    for (a, b), lps in zip(spans, values, strict=True):
-        if lps is not None:
-            out[a:b] = lps
-    return out
-
-
 def span_row_json(traj: SpanTrajectory) -> bytes:
     """The JSONL line of a SpanTrajectory (with its newline); errors as trajectory_to_row's."""
     n, spans = len(traj.input_ids), traj.call_spans
     tokens = {
         "input_ids": traj.input_ids,
         "loss_mask": _mask_json(n, spans),
-        "logprobs": _logprobs_array(n, spans, traj.span_logprobs),
+        # NaN is written `null`; a recorded logprob is finite (span_row refuses the row otherwise)
+        "logprobs": traj.logprobs_filled(np.nan, np.float64),
     }
     return orjson.dumps(span_row(traj, tokens), option=_NUMPY)
 

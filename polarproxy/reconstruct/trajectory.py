@@ -147,16 +147,22 @@ class SpanTrajectory:
             mask[a:b] = 1
         return mask
 
-    def logprob_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(values, valid): float32 logprobs (0.0 where there is none) and where there is one."""
-        n = len(self.input_ids)
-        values = np.zeros(n, dtype=np.float32)
-        valid = np.zeros(n, dtype=np.bool_)
+    def logprobs_filled(self, fill: float, dtype: Any) -> np.ndarray:
+        """One logprob per position as a `dtype` array: each call's inside its span, `fill` where there is
+        none (outside the spans, and in the span of a call that recorded none)."""
+        values = np.full(len(self.input_ids), fill, dtype=dtype)
         for (a, b), lps in zip(self.call_spans, self.span_logprobs, strict=True):
             if lps is not None:
                 values[a:b] = lps
+        return values
+
+    def logprob_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values, valid): float32 logprobs (0.0 where there is none) and where there is one."""
+        valid = np.zeros(len(self.input_ids), dtype=np.bool_)
+        for (a, b), lps in zip(self.call_spans, self.span_logprobs, strict=True):
+            if lps is not None:
                 valid[a:b] = True
-        return values, valid
+        return self.logprobs_filled(0.0, np.float32), valid
 
     def to_trajectory(self) -> Trajectory:
         """The same trajectory with list fields (what trajectory_to_row and assert_round_trip read)."""
