@@ -3,6 +3,7 @@ shares its options and helpers through `polarproxy/commands/support.py`."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -80,6 +81,11 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     name = sys.argv[1] if len(sys.argv) > 1 else None
     single = name if any(name == c[0] for c in COMMANDS) else None
+    if single == "record":
+        # Its start-up is mostly imports (~0.5 M objects, none of them garbage), and the cyclic collector's
+        # passes over them cost ~9 % of `record -- true` (docs/benchmarks.md): paused until the proxy
+        # serves or is given up (`EarlyProxy.until_needed` in capture/early.py resumes it).
+        gc.disable()
     try:
         make_app(single)()
     except SystemExit as e:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import socket
 import threading
@@ -76,13 +77,19 @@ class EarlyProxy[P: RunningMitm]:
     async def until_needed(self, harness: asyncio.Task[Any], *, always: bool = False) -> P | None:
         """The proxy once it serves (raising why it could not start); None when the harness ended before,
         with no connection waiting and mitmproxy still importing, and `always` (a verifier may call the
-        proxy after the harness) is False: then the proxy is given up."""
-        await asyncio.wait({self.task, harness}, return_when=asyncio.FIRST_COMPLETED)
-        idle = not self.task.done() and not self._imported.done() and not has_waiting_connection(self.sock)
-        if idle and not always:
-            self._give_up()
-            return None
-        return await self.task
+        proxy after the harness) is False: then the proxy is given up. Either way the start-up is over: the
+        cyclic garbage collector, which `polarproxy record` pauses for it (cli.py), runs again."""
+        try:
+            await asyncio.wait({self.task, harness}, return_when=asyncio.FIRST_COMPLETED)
+            idle = (
+                not self.task.done() and not self._imported.done() and not has_waiting_connection(self.sock)
+            )
+            if idle and not always:
+                self._give_up()
+                return None
+            return await self.task
+        finally:
+            gc.enable()
 
     def _give_up(self) -> None:
         self._given_up.set()
