@@ -19,6 +19,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from polarproxy import heap
 from polarproxy.capture.mitm import RunningMitm, bind_listener, has_waiting_connection, import_mitmproxy
 
 
@@ -89,6 +90,7 @@ class EarlyProxy[P: RunningMitm]:
                 return None
             return await self.task
         finally:
+            heap.settle()  # what the paused start-up built is young: frozen, not walked at the next pass
             gc.enable()
 
     def _give_up(self) -> None:

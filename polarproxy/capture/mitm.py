@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from polarproxy import heap
 from polarproxy.errors import UsageError
 
 LISTEN_BACKLOG = 512  # connections the kernel queues while mitmproxy starts (and under load)
@@ -219,4 +220,5 @@ async def start_mitm(
             f"The {what} cannot listen on {host}:{port} (in use, or not an address of this machine).",
             hint="Pick another --port, or 0 for any free port.",
         )
+    heap.settle()  # mitmproxy's imports and objects, now built, out of the collector's passes
     return RunningMitm(port=addrs[0][1], master=master, task=task)

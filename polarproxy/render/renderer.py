@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from polarproxy import heap
 from polarproxy.conversation import Conversation, Message, Tool, ToolCall
 from polarproxy.errors import UsageError
 from polarproxy.render.folds import FOLDS, fold, fold_name
@@ -225,7 +226,9 @@ class Renderer:
 
         def load() -> None:
             try:
-                future.set_result(_load(self.model_dir, self._source))
+                loaded = _load(self.model_dir, self._source)
+                heap.settle()  # the tokenizer and transformers' modules, out of the collector's passes
+                future.set_result(loaded)
             except BaseException as e:  # handed to whoever waits
                 future.set_exception(e)
 
