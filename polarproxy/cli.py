@@ -82,9 +82,9 @@ def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else None
     single = name if any(name == c[0] for c in COMMANDS) else None
     if single == "record":
-        # Its start-up is mostly imports (~0.5 M objects, none of them garbage), and the cyclic collector's
-        # passes over them cost ~9 % of `record -- true` (docs/benchmarks.md): paused until the proxy
-        # serves or is given up (`EarlyProxy.until_needed` in capture/early.py resumes it).
+        # Its start-up is mostly imports (many objects, none of them garbage): the cyclic collector's passes
+        # over them are work for nothing, a few per cent of `record -- true` (docs/benchmarks.md, issue 12's
+        # tenth round). Paused until the proxy serves or is given up (`EarlyProxy.until_needed` resumes it).
         gc.disable()
     try:
         make_app(single)()
