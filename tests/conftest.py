@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 TRAFFIC = SHARED / "fixtures" / "harness-traffic"
+# Tokenizer snapshots (render/snapshot.py) of the tests' model folders go under .cache/, never the user's
+# ~/.cache; the processes the tests start inherit it.
+os.environ.setdefault("POLARPROXY_CACHE_DIR", str(REPO / ".cache" / "polarproxy"))
 
 
 def load_traffic(name: str) -> list[dict[str, Any]]:
@@ -46,7 +50,6 @@ def _tiny_cache_key() -> str:
 
 def build_cached_tiny(train_steps: int | None) -> Path:
     """A tiny model folder, built once per kit version under .cache/ (safe across parallel runs)."""
-    import os
     import shutil
     import tempfile
 
@@ -155,7 +158,6 @@ def pg_server() -> Iterator[PgServer]:
     """One PostgreSQL for the session: $POLARPROXY_TEST_PG (a database URL on a server where the tests may
     create databases) if set, else a throwaway PostgreSQL 15 cluster (tests/pgcluster.py). In CI (CI set) a
     cluster that does not start fails the tests; elsewhere they skip with the reason."""
-    import os
 
     env = os.environ.get("POLARPROXY_TEST_PG")
     if env:

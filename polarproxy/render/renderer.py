@@ -1,8 +1,9 @@
 """Render a neutral `Conversation` into the prompt token IDs the backend consumes.
 
-The tokenizer and chat template come from the model folder through transformers (the tokenizer only:
-torch is never imported here). Rendering is `apply_chat_template(..., tokenize=False)` followed by a plain
-encode without added special tokens, so the IDs are exactly the template's text, tokenized once.
+The tokenizer and chat template come from the model folder as transformers reads it (render/snapshot.py,
+once per folder; torch is never imported here). Rendering is `apply_chat_template(..., tokenize=False)`
+(render/chat_template.py: transformers' way, without importing it) followed by a plain encode without added
+special tokens, so the IDs are exactly the template's text, tokenized once.
 
 What real templates need, handled here the same way for every call:
 - tool-call arguments are handed over as the template reads them: the JSON text where it writes a string
@@ -27,6 +28,8 @@ from typing import Any, Literal
 from polarproxy import heap
 from polarproxy.conversation import Conversation, Message, Tool, ToolCall
 from polarproxy.errors import UsageError
+from polarproxy.render import snapshot
+from polarproxy.render.chat_template import ChatTokenizer
 from polarproxy.render.folds import FOLDS, fold, fold_name
 
 ArgumentsForm = Literal["string", "object"]
@@ -92,23 +95,10 @@ def template_tool(t: Tool) -> dict[str, Any]:
     }
 
 
-# transformers' lazy module is not safe to import from two threads at once (one of them can get "cannot
-# import name ..." from the half-initialized package): loads in this process take turns.
-_TRANSFORMERS_LOCK = threading.Lock()
-
-
-def _load_tokenizer(path: Path) -> Any:
-    """The fast tokenizer of a model folder. `PreTrainedTokenizerFast` reads tokenizer.json, the special
-    tokens and the chat template without importing torch (`AutoTokenizer` imports it: +500 MB in the proxy);
-    folders without tokenizer.json fall back to AutoTokenizer."""
-    with _TRANSFORMERS_LOCK:
-        if (path / "tokenizer.json").is_file():
-            from transformers import PreTrainedTokenizerFast
-
-            return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+def _load_tokenizer(path: Path) -> ChatTokenizer:
+    """The folder's tokenizer and chat template (render/snapshot.py: transformers reads the folder once,
+    later loads read what it found)."""
+    return snapshot.load(path)
 
 
 @dataclass(slots=True)
@@ -172,8 +162,9 @@ class Renderer:
     """One model folder's tokenizer and chat template.
 
     `defer=True` (the proxy's start-up) checks the folder without loading anything (it exists, holds
-    tokenizer files, names a chat template) and leaves the tokenizer unloaded: importing transformers and reading tokenizer.json
-    take ~1.5 s, which a `record` would otherwise spend before its harness starts. `load_in_background()`
+    tokenizer files, names a chat template) and leaves the tokenizer unloaded: reading it takes ~0.1 s from
+    its snapshot, ~1.5 s the first time (transformers' import), which a `record` would otherwise spend
+    before its harness starts. `load_in_background()`
     then loads it in a daemon thread while the harness starts up, `await ready()` waits for it off the
     event loop, and any other use of the tokenizer waits for it (or loads it) there and then. A load
     that fails raises its UsageError at that first use."""
@@ -202,7 +193,7 @@ class Renderer:
                 f"The model folder '{model_dir}' has no chat template.", hint=_NO_CHAT_TEMPLATE_HINT
             )
 
-    tokenizer: Any
+    tokenizer: ChatTokenizer
     _fast: Any
     stop_token_ids: list[int]
 
