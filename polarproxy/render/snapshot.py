@@ -10,8 +10,8 @@ same files with the same transformers reads that back (~0.1 s with the `tokenize
 with render/chat_template.py, as the first load does too: one way of rendering either way.
 
 A snapshot is found by a hash of the folder's tokenizer files' contents and of the installed transformers
-(its version and its package file), so an edited template, a new tokenizer or a transformers upgrade gets a
-new one. They live in `$POLARPROXY_CACHE_DIR/tokenizers/`, else `$XDG_CACHE_HOME/polarproxy/tokenizers/`
+and tokenizers (their versions and package files), so an edited template, a new tokenizer or an upgrade of
+either gets a new one. They live in `$POLARPROXY_CACHE_DIR/tokenizers/`, else `$XDG_CACHE_HOME/polarproxy/tokenizers/`
 (`~/.cache/polarproxy/tokenizers/`), each written to a temporary folder and renamed into place (processes
 loading the same folder at once write the same thing; one rename wins). A snapshot that cannot be read is
 made again; a cache that cannot be written is skipped (the load still works, a debug log says why).
@@ -66,21 +66,22 @@ def cache_root() -> Path:
     return Path(cache_home) / "polarproxy"
 
 
-def _transformers_stamp() -> str:
-    """The installed transformers, named without importing it: its dist-info folder and package file."""
-    spec = importlib.util.find_spec("transformers")
+def _package_stamp(name: str) -> str:
+    """An installed package, named without importing it: its dist-info folder and package file."""
+    spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
-        return "absent"
+        return f"{name} absent"
     origin = Path(spec.origin)
     st = origin.stat()
-    dists = sorted(p.name for p in origin.parent.parent.glob("transformers-*.dist-info"))
+    dists = sorted(p.name for p in origin.parent.parent.glob(f"{name}-*.dist-info"))
     return f"{','.join(dists)}:{origin}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def snapshot_key(path: Path) -> str:
     """The hash that names `path`'s snapshot (see the module's doc)."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"polarproxy-tokenizer-snapshot:{FORMAT}\0{_transformers_stamp()}\0".encode())
+    stamps = "\0".join(_package_stamp(p) for p in ("transformers", "tokenizers"))
+    h.update(f"polarproxy-tokenizer-snapshot:{FORMAT}\0{stamps}\0".encode())
     files = [path / name for name in TOKENIZER_FILES]
     templates = path / TEMPLATES_DIR
     if templates.is_dir():
