@@ -175,7 +175,7 @@ class TemplateTokenization:
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], gen: bool) -> str:
         return self.renderer.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=gen, tokenize=False
+            messages, tools=tools or None, add_generation_prompt=gen
         )
 
     def segments(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[Segment]:

@@ -67,9 +67,6 @@ class ChatTokenizer:
         """Added token text -> ID, as transformers lists it."""
         return {t.content: i for i, t in sorted(self.backend_tokenizer.get_added_tokens_decoder().items())}
 
-    def encode(self, text: str) -> list[int]:
-        return self.backend_tokenizer.encode(text, add_special_tokens=False).ids
-
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
@@ -95,23 +92,22 @@ class ChatTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         *,
         add_generation_prompt: bool = False,
-        tokenize: bool = False,
         **kwargs: Any,
-    ) -> str | list[int]:
-        """The template's text for `conversation` (or its token IDs with `tokenize=True`, encoded without
-        added special tokens). Extra keyword arguments are template variables. Raises jinja2's
-        TemplateError where the template refuses the conversation."""
+    ) -> str:
+        """The template's text for `conversation` (the renderer tokenizes it: Renderer.encode). Extra keyword
+        arguments are template variables. Raises jinja2's TemplateError where the template refuses the
+        conversation."""
         if not conversation:
             raise ValueError("Cannot apply a chat template to an empty conversation.")
         template = compiled(self.template_source(tools))
-        text = template.render(
+        text: str = template.render(
             messages=[_template_message(m) for m in conversation],
-            tools=None if tools is None else [dict(t) for t in tools],
+            tools=tools,  # as given: the sandbox is immutable, the template cannot change them
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **{**self.special_tokens_map, **kwargs},
         )
-        return self.encode(text) if tokenize else text
+        return text
 
 
 def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:

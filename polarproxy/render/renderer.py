@@ -1,7 +1,7 @@
 """Render a neutral `Conversation` into the prompt token IDs the backend consumes.
 
 The tokenizer and chat template come from the model folder as transformers reads it (render/snapshot.py,
-once per folder; torch is never imported here). Rendering is `apply_chat_template(..., tokenize=False)`
+once per folder; torch is never imported here). Rendering is `apply_chat_template`
 (render/chat_template.py: transformers' way, without importing it) followed by a plain encode without added
 special tokens, so the IDs are exactly the template's text, tokenized once.
 
@@ -267,7 +267,7 @@ class Renderer:
         return "string"
 
     def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kw: Any) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kw)
+        return self.tokenizer.apply_chat_template(messages, tools=tools, **kw)
 
     def render_folded(
         self, conv: Conversation, *, add_generation_prompt: bool = True, min_fold: int = 0

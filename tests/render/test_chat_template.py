@@ -76,13 +76,10 @@ EDGE_CASES = [
 
 def _render_both(theirs, ours: ChatTokenizer, messages, tools, gen: bool):
     results = []
-    for tok in (theirs, ours):
+    for tok, kw in ((theirs, {"tokenize": False}), (ours, {})):
         try:
             results.append(
-                (
-                    "text",
-                    tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen),
-                )
+                ("text", tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, **kw))
             )
         except TemplateError as e:
             results.append(("refused", str(e)))
@@ -114,7 +111,7 @@ def test_every_real_template_renders_as_transformers_renders_it(name, cache):
                 compared += a[0] == "text"
     assert compared > len(cases)  # most of them render: the comparison is of texts, not of two refusals
     text = theirs.apply_chat_template(cases[0], tools=tools, tokenize=False)
-    assert ours.encode(text) == theirs.encode(text, add_special_tokens=False)
+    assert Renderer(folder).encode(text) == theirs.encode(text, add_special_tokens=False)
 
 
 def test_a_second_load_reads_the_snapshot_and_gives_the_same_tokenizer(tiny_model_dir, cache, monkeypatch):
@@ -130,7 +127,8 @@ def test_a_second_load_reads_the_snapshot_and_gives_the_same_tokenizer(tiny_mode
     assert second.chat_template == first.chat_template
     assert second.special_tokens_map == first.special_tokens_map
     text = "<|im_start|>user\nhello there, 123<|im_end|>"
-    assert second.encode(text) == first.encode(text)
+    encode = [t.backend_tokenizer.encode(text, add_special_tokens=False).ids for t in (first, second)]
+    assert encode[0] == encode[1]
     assert second.backend_tokenizer.get_vocab_size() == first.backend_tokenizer.get_vocab_size()
 
 
