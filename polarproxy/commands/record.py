@@ -61,7 +61,7 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
 
     try:
         episode = store.get_episode(outcome.episode_id)
-        calls = store.list_calls(outcome.episode_id)
+        counts = store.call_statuses(outcome.episode_id)  # counted in the store: no call's tokens rebuilt
     except StoreError as e:  # the database stopped taking writes mid-run: they wait in a spool
         typer.echo(
             safe_text(
@@ -73,14 +73,11 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
         return
     finally:
         store.close()
-    counts: dict[str, int] = {}
-    for c in calls:
-        counts[c.status] = counts.get(c.status, 0) + 1
     summary = {
         "episode_id": outcome.episode_id,
         "exit_code": outcome.exit_code,
         "mode": mode,
-        "calls": len(calls),
+        "calls": sum(counts.values()),
         "statuses": counts,
         "tokens": episode.tokens,
         "reward": episode.reward,
@@ -108,7 +105,7 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
         reward += f" ({verified.note})"
     typer.echo(
         f"polarproxy: episode {outcome.episode_id}{' (intercept)' if mode == 'intercept' else ''}: "
-        f"{len(calls)} {what} ({detail}), {episode.tokens} tokens{reward}, exit {outcome.exit_code}, "
+        f"{summary['calls']} {what} ({detail}), {episode.tokens} tokens{reward}, exit {outcome.exit_code}, "
         f"store {outcome.db}",
         err=True,
     )

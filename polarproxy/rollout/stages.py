@@ -259,14 +259,16 @@ def reconstruct(job: Job, s: Settings) -> None:
     if not isinstance(s.episodes, LocalGateway):
         return  # a remote gateway's trainer reads its trajectory stream
     from polarproxy.reconstruct import reconstruct as rebuild
+    from polarproxy.store.token_calls import iter_token_calls
 
     store = s.episodes.stack.store
+    episode_id = job.episode.episode_id
     for _ in range(100):  # the writer thread may still be committing the last call
-        calls = store.list_calls(job.episode.episode_id)
-        if all(c.status != "in_flight" for c in calls):
+        if not store.call_statuses(episode_id).get("in_flight"):
             break
         time.sleep(0.05)
-    job.trajectories = sum(1 for _ in rebuild("prefix-merge", calls))
+    # the export's array path: token pieces as stored, no prompt rebuilt as Python ints
+    job.trajectories = sum(1 for _ in rebuild("prefix-merge", iter_token_calls(store, [episode_id])))
 
 
 STAGE_FUNCS = {"prewarm": prewarm, "execute": execute, "evaluate": evaluate, "reconstruct": reconstruct}

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, get_args
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from polarproxy.store import schema
 from polarproxy.store.call_rows import call_from_row
@@ -48,6 +48,13 @@ class CallReadsMixin:
         with self._read() as conn:
             row = conn.execute(select(C).where(C.c.id == cid)).one()
         return call_from_row(row, Rebuilder(self._load_token_row), BodyRebuilder(self._load_body_row))
+
+    def call_statuses(self, episode_id: str) -> dict[str, int]:
+        """How many of the episode's calls have each status (statuses with none are left out): one query,
+        no tokens rebuilt, for summaries and waits that only count."""
+        query = select(C.c.status, func.count()).where(C.c.episode_id == episode_id).group_by(C.c.status)
+        with self._read() as conn:
+            return {status: int(n) for status, n in conn.execute(query)}
 
     def list_calls(self, episode_id: str) -> list[Call]:
         """The calls of one episode in sequence order."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rollout_support import AGENT, EXAMPLE, rollout_argv, run_rollout
 
+from polarproxy.rollout.run import FINISHED
 from polarproxy.store.store import Store
 
 
@@ -69,7 +70,9 @@ def test_sixteen_episodes_at_concurrency_eight_complete_with_rewards_and_groups(
 
 
 def _finished(db: Path, rollout_id: str) -> dict[tuple[str, int], tuple[str, float]]:
-    """(task, sample) -> (episode id, reward) of the episodes of the rollout that were evaluated."""
+    """(task, sample) -> (episode id, reward) of the episodes of the rollout that finished: ran to their end
+    and got a reward, the rule `--resume` skips by (rollout/run.py). A kill between the verifier's reward
+    and the episode's finish leaves one rewarded but still running: not finished, so it is run again."""
     if not db.exists():
         return {}
     store = Store.open(str(db))
@@ -77,7 +80,10 @@ def _finished(db: Path, rollout_id: str) -> dict[tuple[str, int], tuple[str, flo
         return {
             (e.task, int(e.metadata["sample"])): (e.id, e.reward)
             for e in store.list_episodes(limit=None)
-            if e.task and e.metadata.get("rollout_id") == rollout_id and e.reward is not None
+            if e.task
+            and e.metadata.get("rollout_id") == rollout_id
+            and e.reward is not None
+            and e.status in FINISHED
         }
     finally:
         store.close()

@@ -291,6 +291,22 @@ def test_list_episodes_newest_first_with_call_and_token_counts(store, call_start
     assert len(store.list_episodes(limit=None)) == 3
 
 
+def test_call_statuses_counts_each_status_of_one_episode(store, call_start, ok_result):
+    eid = store.create_episode(EpisodeStart(command=[]))
+    other = store.create_episode(EpisodeStart(command=[]))
+    assert store.call_statuses(eid) == {}
+    cids = [store.begin_call(call_start(eid))[0] for _ in range(4)]
+    store.begin_call(call_start(other))
+    store.finish_call(cids[0], ok_result())
+    store.finish_call(cids[1], ok_result())
+    store.finish_call(cids[2], CallResult(status="failed", error="backend 500"))
+    assert store.call_statuses(eid) == {"ok": 2, "failed": 1, "in_flight": 1}
+    assert store.call_statuses(other) == {"in_flight": 1}
+    assert store.call_statuses(eid) == {
+        s: sum(c.status == s for c in store.list_calls(eid)) for s in ("ok", "failed", "in_flight")
+    }
+
+
 def test_iter_calls_orders_by_episode_start_then_seq_and_filters(store, call_start, ok_result):
     first = store.create_episode(EpisodeStart(command=[]))
     second = store.create_episode(EpisodeStart(command=[]))
