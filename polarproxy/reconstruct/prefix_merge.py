@@ -166,6 +166,10 @@ def leaf_paths[AnyCall: (Call, TokenCall)](
     calls: Sequence[AnyCall],
 ) -> Iterator[tuple[list[AnyCall], list[AnyCall]]]:
     """(path from its root, the calls of it this trajectory owns) for each leaf of one episode's forest."""
+    if _one_chain(calls):  # an agent loop's episode: one path, its every call owned
+        if calls:
+            yield list(calls), list(calls)
+        return
     by_id = {c.id: c for c in calls}
     full_lens = [_full_len(c) for c in calls]
     parent: dict[str, Any] = {}
@@ -195,6 +199,14 @@ def leaf_paths[AnyCall: (Call, TokenCall)](
         owned = [c for c in path if c.id not in claimed]
         claimed.update(c.id for c in owned)
         yield path, owned
+
+
+def _one_chain(calls: Sequence[Call] | Sequence[TokenCall]) -> bool:
+    """Whether each call is stored as an extension of the one before it (the store's prompt reference, so
+    without comparing tokens). Then the forest is that one path: each call's parent is the call before it,
+    the longest of the earlier calls (full lengths only grow along such a chain; on a tie, find_parent takes
+    the later call), so `leaf_paths` need not look for parents."""
+    return all(_stored_as_extension(calls[i], calls[i - 1]) for i in range(1, len(calls)))
 
 
 def merge_episode(

@@ -160,3 +160,52 @@ def test_prefix_merge_is_registered_by_name():
         ValueError, match=r"Unknown strategy 'merge'. Must be one of 'per-request', 'prefix-merge'"
     ):
         get_strategy("merge")
+
+
+def test_the_one_chain_shortcut_finds_the_paths_the_parent_search_finds(store, monkeypatch):
+    """leaf_paths skips the parent search when every call is stored as an extension of the one before it;
+    on such chains (with empty outputs and ties) and on episodes that are not one (a hint to an older call,
+    branches, a break, prompts too short to be stored against a base), the paths are the search's."""
+    import importlib
+
+    from polarproxy.store.token_calls import iter_token_calls
+
+    pm = importlib.import_module("polarproxy.reconstruct.prefix_merge")  # the module, not the function
+    p = list(range(100, 110))  # long enough to be stored against a base (call_writes.MIN_REFERENCE_TOKENS)
+    chain = _episode(store)
+    a = record_call(store, chain, p, [])
+    b = record_call(store, chain, p, [], extended_from=a)  # the same full sequence: a tie
+    c = record_call(store, chain, [*p, 3], [10, 11], extended_from=b)
+    record_call(store, chain, [*p, 3, 10, 11, 4], [12], extended_from=c)
+    older = _episode(store)  # the hint names an older call: stored against it, not against the call before
+    e = record_call(store, older, p, [1])
+    record_call(store, older, [*p, 1], [], extended_from=e)
+    f = record_call(store, older, [*p, 1, 3], [10, 11], extended_from=e)
+    record_call(store, older, [*p, 1, 3, 10, 11, 4], [12], extended_from=f)
+    branched = _episode(store)
+    d = record_call(store, branched, p, [10])
+    record_call(store, branched, [*p, 10, 3], [11], extended_from=d)
+    record_call(store, branched, [*p, 10, 5], [12], extended_from=d)
+    broken = _episode(store)
+    g = record_call(store, broken, p, [2])
+    record_call(store, broken, [7, 8], [9])
+    record_call(store, broken, [*p, 2, 5], [6], extended_from=g)
+    short = _episode(store)
+    h = record_call(store, short, [1, 2], [3])
+    record_call(store, short, [1, 2, 3, 4], [5], extended_from=h)
+    episodes = (chain, older, branched, broken, short)
+
+    def paths(read) -> dict[str, list[tuple[list[str], list[str]]]]:
+        out: dict[str, list[tuple[list[str], list[str]]]] = {}
+        for eid in episodes:
+            calls = list(read([eid]))
+            out[eid] = [([x.id for x in p], [x.id for x in o]) for p, o in pm.leaf_paths(calls)]
+        return out
+
+    readers = (store.iter_calls, lambda ids: iter_token_calls(store, ids))
+    shortcut = [paths(r) for r in readers]
+    assert [pm._one_chain(list(store.iter_calls([eid]))) for eid in episodes] == [True] + [False] * 4
+    assert len(shortcut[0][chain]) == 1 and shortcut[0][chain][0][0][1] == b
+    assert shortcut[0] == shortcut[1]
+    monkeypatch.setattr(pm, "_one_chain", lambda calls: False)
+    assert [paths(r) for r in readers] == shortcut
