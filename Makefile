@@ -107,6 +107,7 @@ bench: $(STAMP)
 	  $$([ -f $(LITELLM_VENV)/.installed ] && echo --litellm $(LITELLM_VENV)/bin/litellm)
 	$(PY) bench/record_startup.py --json bench/results/record-startup-latest.json
 	$(PY) bench/stream_dialects.py --json bench/results/stream-latest.json
+	$(PY) bench/sglang_stream_read.py --json bench/results/sglang-stream-read-latest.json
 	$(PY) bench/intercept_overhead.py --json bench/results/intercept-latest.json
 	$(PY) bench/store_write.py --json bench/results/store-latest.json
 	$(PY) bench/export_speed.py --json bench/results/export-latest.json

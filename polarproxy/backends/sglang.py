@@ -16,6 +16,7 @@ import orjson
 
 from polarproxy.backends.base import BackendError, GenerateParams, Generation
 from polarproxy.backends.http11 import HTTPClient, HTTPError, Response
+from polarproxy.backends.sglang_tail import MIN_EVENT_CHARS, cumulative_tail
 from polarproxy.backends.wire import disconnected, error_message, get, post_json
 from polarproxy.sse import SSEDecoder
 
@@ -47,6 +48,23 @@ def abort_error(fr: dict[str, Any]) -> BackendError:
     return BackendError(
         f"Backend aborted the request: {message}", kind="backend_aborted", status=503 if code == 503 else 502
     )
+
+
+def _check_prefix(data: dict[str, Any], ids: list[int], lps: list[float]) -> None:
+    """The last event, parsed whole, must begin with what the stream's events gave when read by their new
+    elements only; a misread fails the call instead of being recorded."""
+    out_ids = data.get("output_ids") or []
+    meta = data.get("meta_info") or {}
+    triples = meta.get("output_token_logprobs") or []
+    if meta.get("completion_tokens") not in (None, len(out_ids)):
+        return  # an incremental event: it holds only new tokens (a first one may have been read either way)
+    n = len(ids)
+    if out_ids[:n] != ids or [float(t[0]) for t in triples[: len(lps)]] != lps:
+        raise BackendError(
+            "The backend's last stream event disagrees with the events before it (output IDs or logprobs "
+            "changed). polarproxy reads cumulative SGLang events by their new elements; report this with "
+            "the SGLang version, or start SGLang with --incremental-streaming-output.",
+        )
 
 
 class SGLangBackend:
@@ -109,6 +127,7 @@ class SGLangBackend:
         lps: list[float] = []
         finished = False
         seen = False  # any answer chunk yet
+        tailed = False  # an event was read by its new elements only (sglang_tail.py)
         async for chunk in response.iter_chunks():
             for ev in decoder.decode(chunk):
                 if ev.data == "[DONE]":
@@ -118,7 +137,12 @@ class SGLangBackend:
                         )
                     await response.finish()  # the connection goes back to the pool
                     return
-                data = orjson.loads(ev.data)
+                tail = cumulative_tail(ev.data, len(ids)) if len(ev.data) >= MIN_EVENT_CHARS else None
+                if tail is not None and _finish(tail[0]["meta_info"])[0] is None:
+                    seen, tailed = True, True
+                    yield self._fold(tail[0]["meta_info"], tail[1], tail[2], ids, lps)
+                    continue
+                data = orjson.loads(ev.data)  # whole: a short event, or the last one (checked below)
                 if "error" in data and "meta_info" not in data:
                     message = error_message(ev.data.encode())
                     if not seen:  # SGLang streams its request validation errors (a ValueError) this way
@@ -129,6 +153,8 @@ class SGLangBackend:
                         )
                     raise BackendError(f"Backend error mid-stream: {message}")
                 seen = True
+                if tailed:
+                    _check_prefix(data, ids, lps)
                 gen = self._update(data, ids, lps)
                 finished = gen.finish_reason is not None
                 yield gen
@@ -147,6 +173,13 @@ class SGLangBackend:
             new_triples = triples[len(lps) :]
         else:  # incremental streaming output
             new_ids, new_triples = out_ids, triples
+        return SGLangBackend._fold(meta, new_ids, new_triples, ids, lps)
+
+    @staticmethod
+    def _fold(
+        meta: dict[str, Any], new_ids: list[int], new_triples: list[Any], ids: list[int], lps: list[float]
+    ) -> Generation:
+        """Add one response's new IDs and their `[logprob, id, text]` triples to `ids`/`lps`."""
         ids.extend(new_ids)
         lps.extend(float(t[0]) for t in new_triples)
         finish, matched = _finish(meta)

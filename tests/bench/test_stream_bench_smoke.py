@@ -49,3 +49,20 @@ def test_stream_bench_reports_every_format(tmp_path: Path) -> None:
             assert _number(r["added"][d][key]), (d, key)
         assert set(r["goals"][d]) == {"added_ttft_p50_ms", "chunk_share_min"}
         assert all(isinstance(g["met"], bool) for g in r["goals"][d].values())
+
+
+def test_sglang_stream_read_bench_reads_both_ways_alike(tmp_path: Path) -> None:
+    out = tmp_path / "read.json"
+    argv = [sys.executable, str(REPO / "bench" / "sglang_stream_read.py"), "--tokens", "64,300"]
+    proc = subprocess.run(
+        [*argv, "--rounds", "1", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "cumulative per-token CPU, 300 over 64 tokens" in proc.stdout
+    r = json.loads(out.read_text())
+    assert [row["tokens"] for row in r["rows"]] == [64, 300]
+    for row in r["rows"]:
+        for kind in ("cumulative", "incremental"):
+            assert row[kind]["cpu_s"] > 0 and row[kind]["bytes"] > 0
+        assert row["cumulative"]["bytes"] > row["incremental"]["bytes"]  # every event repeats the answer
+    assert _number(r["per_token_growth"])
