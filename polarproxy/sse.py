@@ -52,28 +52,30 @@ class SSEDecoder:
             return []
         buf = "".join(self._parts) + text if self._parts else text
         self._parts = []
+        lines, rest = self._split(buf)
         events: list[Event] = []
+        for line in lines:
+            ev = self._line(line)
+            if ev is not None:
+                events.append(ev)
+        if rest:
+            self._parts.append(rest)
+        return events
+
+    def _split(self, buf: str) -> tuple[list[str], str]:
+        """`buf`'s whole lines and what follows the last line end."""
         if "\r" not in buf:  # LF-only lines, as every server we talk to sends: str.split, at C speed
             *lines, rest = buf.split("\n")
-            for line in lines:
-                ev = self._line(line)
-                if ev is not None:
-                    events.append(ev)
-            if rest:
-                self._parts.append(rest)
-            return events
+            return lines, rest
+        lines: list[str] = []
         start = 0
         for m in _EOL.finditer(buf):
             end = m.end()
             if end == len(buf) and m.group() == "\r":
                 self._pending_cr = True  # a CR at the end: an LF may follow in the next chunk
-            ev = self._line(buf[start : m.start()])
+            lines.append(buf[start : m.start()])
             start = end
-            if ev is not None:
-                events.append(ev)
-        if start < len(buf):
-            self._parts.append(buf[start:])
-        return events
+        return lines, buf[start:]
 
     def flush(self) -> list[Event]:
         tail = self._text.decode(b"", final=True)

@@ -50,9 +50,14 @@ class CallReadsMixin:
         return call_from_row(row, Rebuilder(self._load_token_row), BodyRebuilder(self._load_body_row))
 
     def call_statuses(self, episode_id: str) -> dict[str, int]:
-        """How many of the episode's calls have each status (statuses with none are left out): one query,
-        no tokens rebuilt, for summaries and waits that only count."""
-        query = select(C.c.status, func.count()).where(C.c.episode_id == episode_id).group_by(C.c.status)
+        """How many of the episode's calls have each status, by status name (statuses with none are left
+        out): one query, no tokens rebuilt, for summaries and waits that only count."""
+        query = (
+            select(C.c.status, func.count())
+            .where(C.c.episode_id == episode_id)
+            .group_by(C.c.status)
+            .order_by(C.c.status)  # the same order on every backend
+        )
         with self._read() as conn:
             return {status: int(n) for status, n in conn.execute(query)}
 
