@@ -189,6 +189,13 @@ def _redacted_path(path: str) -> str:
     return out
 
 
+def _nul_free(value: Any) -> Any:
+    """PostgreSQL's text columns cannot hold NUL (0x00): a harness can still send one (a malformed body, a
+    model name), and such a call must be recorded, not lost. On PostgreSQL each NUL of a text value is
+    stored as U+FFFD; SQLite keeps text exactly."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
+
+
 def _bodies_delta(base: Known, bodies: tuple[str, str | None]) -> bytes | None:
     """The request body and conversation as compressed edits of the base call's, or None (stored whole)
     when that is not smaller."""
@@ -233,8 +240,9 @@ _BODY, _CONVERSATION, _DELTA = (
 )
 
 
-def _finish_row(call_id: str, result: CallResult) -> tuple[Any, ...]:
-    """FINISH_COLUMNS, then the call ID and the output IDs again (the statement's condition)."""
+def _finish_row(call_id: str, result: CallResult, *, nul_free: bool = False) -> tuple[Any, ...]:
+    """FINISH_COLUMNS, then the call ID and the output IDs again (the statement's condition); `nul_free`:
+    text values without NUL (PostgreSQL, `_nul_free`)."""
     if result.status not in CALL_STATUSES or result.status == "in_flight":
         allowed = ", ".join(repr(s) for s in CALL_STATUSES if s != "in_flight")
         raise ValueError(f"Unknown final call status {result.status!r}. Must be one of {allowed}.")
@@ -244,7 +252,7 @@ def _finish_row(call_id: str, result: CallResult) -> tuple[Any, ...]:
             "logprobs; give one logprob per sampled ID, or none."
         )
     output = pack_ids(result.output_ids)
-    return (
+    row = (
         result.status,
         result.error,
         result.http_status,
@@ -265,6 +273,7 @@ def _finish_row(call_id: str, result: CallResult) -> tuple[Any, ...]:
         call_id,
         output,
     )
+    return tuple(map(_nul_free, row)) if nul_free else row
 
 
 class CallWritesMixin:
@@ -272,6 +281,7 @@ class CallWritesMixin:
 
     if TYPE_CHECKING:  # provided by Store, EpisodesMixin and CallReadsMixin
         _recent: RecentCalls
+        dialect: str
 
         def _write(self) -> AbstractContextManager[Connection]: ...
 
@@ -330,7 +340,10 @@ class CallWritesMixin:
         IMMEDIATE`) is held only for the statements (issue 12). Raises what a bad write would (ValueError)."""
         return PreparedCalls(
             [self._prepare_begin(start, call_id or new_call_id()) for call_id, start in begins],
-            [_finish_row(call_id, result) for call_id, result in finishes],
+            [
+                _finish_row(call_id, result, nul_free=self.dialect == "postgresql")
+                for call_id, result in finishes
+            ],
         )
 
     def write_prepared(self, prepared: PreparedCalls) -> list[tuple[str, int]]:
@@ -348,7 +361,9 @@ class CallWritesMixin:
     def _prepare_begin(self, start: CallStart, call_id: str) -> _Begin:
         """Everything a begin needs outside the transaction: packed prompt, JSON, the base and body edits."""
         prompt = pack_ids(start.prompt_ids)
-        bodies = (start.request_body, None if start.conversation is None else _dumps(start.conversation))
+        nul_free = self.dialect == "postgresql"
+        body = _nul_free(start.request_body) if nul_free else start.request_body  # as stored, also as a base
+        bodies = (body, None if start.conversation is None else _dumps(start.conversation))
         chosen = self._choose_base(start, prompt)
         base, delta = (None, None) if chosen is None else (chosen[0], _bodies_delta(chosen[1], bodies))
         row = [
@@ -381,6 +396,8 @@ class CallWritesMixin:
             start.started_at or time.time(),
             _temperature(start),
         ]
+        if nul_free:  # the JSON columns escape NUL; a model name or note may hold one
+            row = [_nul_free(v) for v in row]
         return _Begin(call_id, start.episode_id, prompt, bodies, base, delta, row)
 
     def _insert_begins(self, conn: Connection, sql: _Statements, begins: list[_Begin]) -> list[int]:

@@ -7,6 +7,7 @@ import socket
 import time
 
 import httpx
+import pytest
 import orjson
 
 from polarproxy.sse import SSEDecoder
@@ -45,6 +46,26 @@ def test_malformed_json_gets_a_400_and_a_failed_record_and_the_proxy_keeps_servi
     assert [c.status for c in recs] == ["failed", "ok"]
     assert recs[0].http_status == 400 and "not valid JSON" in recs[0].error
     assert recs[0].request_body == "{not json"  # the bad input is kept, so nothing is lost
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_body_of_invalid_utf8_and_nul_bytes_gets_a_400_and_a_failed_record(
+    make_stub, make_proxy, request, backend
+):
+    # PostgreSQL's text columns cannot hold NUL: such a call was lost there (the store refused the write)
+    db = {} if backend == "sqlite" else {"db": request.getfixturevalue("pg_server").create_database()}
+    proxy = make_proxy(make_stub().url, **db)
+    raw = b'{"model": "tiny", \x00 "x": "\xff\xfe"'
+    r = httpx.post(proxy.url + CHAT, content=raw, timeout=30)
+    assert r.status_code == 400
+    assert "not valid JSON" in r.json()["error"]["message"]
+    ok = httpx.post(proxy.url + CHAT, json=BODY, timeout=30)
+    assert ok.status_code == 200
+    recs = calls(proxy)
+    assert [c.status for c in recs] == ["failed", "ok"]
+    assert recs[0].http_status == 400 and "not valid JSON" in recs[0].error
+    kept = "\x00" if backend == "sqlite" else "\ufffd"  # SQLite keeps the NUL; PostgreSQL cannot
+    assert recs[0].request_body.startswith(f'{{"model": "tiny", {kept} "x": ')
 
 
 def test_invalid_request_names_the_bad_value(make_stub, make_proxy):

@@ -372,3 +372,20 @@ def test_a_write_that_cannot_get_the_lock_raises_store_error(db_path, monkeypatc
             blocker.execute("ROLLBACK")
             blocker.close()
         assert store.begin_call(call_start(eid))[1] == 0
+
+
+def test_a_call_whose_text_holds_nul_bytes_is_recorded_on_every_backend(store, call_start):
+    # A malformed request can carry a NUL byte (a body that is not JSON, a model name): PostgreSQL's text
+    # columns cannot hold one, and such a call must still be recorded, not lost.
+    ep = store.create_episode(EpisodeStart(command=["agent"]))
+    body = '{"model": "m\x00", "messages": [\x00'
+    cid, _ = store.begin_call(call_start(ep, request_body=body, model="m\x00", prompt_ids=list(range(20))))
+    store.finish_call(cid, CallResult(status="failed", error="bad \x00 request", http_status=400))
+    # the next call of the episode stores its body as an edit of that one's, as stored
+    later, _ = store.begin_call(call_start(ep, request_body=body + "more", prompt_ids=list(range(24))))
+    got, after = store.get_call(cid), store.get_call(later)
+    kept = "\x00" if store.dialect == "sqlite" else "\ufffd"  # SQLite keeps text exactly
+    assert (got.status, got.http_status) == ("failed", 400)
+    assert got.request_body == body.replace("\x00", kept)
+    assert (got.model, got.error) == (f"m{kept}", f"bad {kept} request")
+    assert after.request_body == body.replace("\x00", kept) + "more"
