@@ -36,6 +36,7 @@ from polarproxy.store.errors import NotFoundError, StoreError
 from polarproxy.store.ids import new_call_id
 from polarproxy.store.rebuild import BodyRebuilder, BodyRow, Rebuilder, TokenRow
 from polarproxy.store.records import CallResult, CallStart, CallStatus
+from polarproxy.store.storable import storable
 
 log = logging.getLogger("polarproxy.store.store")
 
@@ -189,13 +190,6 @@ def _redacted_path(path: str) -> str:
     return out
 
 
-def _nul_free(value: Any) -> Any:
-    """PostgreSQL's text columns cannot hold NUL (0x00): a harness can still send one (a malformed body, a
-    model name), and such a call must be recorded, not lost. On PostgreSQL each NUL of a text value is
-    stored as U+FFFD; SQLite keeps text exactly."""
-    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
-
-
 def _bodies_delta(base: Known, bodies: tuple[str, str | None]) -> bytes | None:
     """The request body and conversation as compressed edits of the base call's, or None (stored whole)
     when that is not smaller."""
@@ -240,9 +234,9 @@ _BODY, _CONVERSATION, _DELTA = (
 )
 
 
-def _finish_row(call_id: str, result: CallResult, *, nul_free: bool = False) -> tuple[Any, ...]:
-    """FINISH_COLUMNS, then the call ID and the output IDs again (the statement's condition); `nul_free`:
-    text values without NUL (PostgreSQL, `_nul_free`)."""
+def _finish_row(call_id: str, result: CallResult, dialect: str) -> tuple[Any, ...]:
+    """FINISH_COLUMNS, then the call ID and the output IDs again (the statement's condition), as `dialect`'s
+    columns hold them (storable.py)."""
     if result.status not in CALL_STATUSES or result.status == "in_flight":
         allowed = ", ".join(repr(s) for s in CALL_STATUSES if s != "in_flight")
         raise ValueError(f"Unknown final call status {result.status!r}. Must be one of {allowed}.")
@@ -273,7 +267,7 @@ def _finish_row(call_id: str, result: CallResult, *, nul_free: bool = False) -> 
         call_id,
         output,
     )
-    return tuple(map(_nul_free, row)) if nul_free else row
+    return tuple(storable(v, dialect) for v in row)
 
 
 class CallWritesMixin:
@@ -340,10 +334,7 @@ class CallWritesMixin:
         IMMEDIATE`) is held only for the statements (issue 12). Raises what a bad write would (ValueError)."""
         return PreparedCalls(
             [self._prepare_begin(start, call_id or new_call_id()) for call_id, start in begins],
-            [
-                _finish_row(call_id, result, nul_free=self.dialect == "postgresql")
-                for call_id, result in finishes
-            ],
+            [_finish_row(call_id, result, self.dialect) for call_id, result in finishes],
         )
 
     def write_prepared(self, prepared: PreparedCalls) -> list[tuple[str, int]]:
@@ -361,8 +352,7 @@ class CallWritesMixin:
     def _prepare_begin(self, start: CallStart, call_id: str) -> _Begin:
         """Everything a begin needs outside the transaction: packed prompt, JSON, the base and body edits."""
         prompt = pack_ids(start.prompt_ids)
-        nul_free = self.dialect == "postgresql"
-        body = _nul_free(start.request_body) if nul_free else start.request_body  # as stored, also as a base
+        body = storable(start.request_body, self.dialect)  # as stored, and so as a later call's base
         bodies = (body, None if start.conversation is None else _dumps(start.conversation))
         chosen = self._choose_base(start, prompt)
         base, delta = (None, None) if chosen is None else (chosen[0], _bodies_delta(chosen[1], bodies))
@@ -396,8 +386,8 @@ class CallWritesMixin:
             start.started_at or time.time(),
             _temperature(start),
         ]
-        if nul_free:  # the JSON columns escape NUL; a model name or note may hold one
-            row = [_nul_free(v) for v in row]
+        if self.dialect == "postgresql":  # a model name or a note may hold a NUL
+            row = [storable(v, self.dialect) for v in row]
         return _Begin(call_id, start.episode_id, prompt, bodies, base, delta, row)
 
     def _insert_begins(self, conn: Connection, sql: _Statements, begins: list[_Begin]) -> list[int]:

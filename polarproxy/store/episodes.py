@@ -17,6 +17,7 @@ from polarproxy.store.errors import AmbiguousIdError, NotFoundError, StoreError
 from polarproxy.store.ids import EPISODE_PREFIX, new_episode_id
 from polarproxy.store.query import EpisodeQuery
 from polarproxy.store.records import Episode, EpisodeStart, EpisodeStatus
+from polarproxy.store.storable import storable
 
 log = logging.getLogger("polarproxy.store.store")
 
@@ -60,6 +61,7 @@ class EpisodesMixin:
     """Episode writes and reads, and ID lookups; `Store` provides the transactions."""
 
     if TYPE_CHECKING:  # provided by Store
+        dialect: str
 
         def _write(self) -> AbstractContextManager[Connection]: ...
 
@@ -74,10 +76,10 @@ class EpisodesMixin:
         "ensure"), otherwise StoreError."""
         values = {
             "command_json": _dumps(_redacted_command(list(start.command))),
-            "harness": start.harness,
-            "cwd": start.cwd,
-            "task": start.task,
-            "group_id": start.group_id,
+            "harness": storable(start.harness, self.dialect),
+            "cwd": storable(start.cwd, self.dialect),
+            "task": storable(start.task, self.dialect),
+            "group_id": storable(start.group_id, self.dialect),
             "status": "running",
             "started_at": time.time(),
             "metadata_json": _dumps(start.metadata),

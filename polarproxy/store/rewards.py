@@ -15,6 +15,7 @@ from sqlalchemy import Connection, func, select
 from polarproxy.store import schema
 from polarproxy.store.errors import NotFoundError
 from polarproxy.store.records import RewardOrigin, RewardRecord, RewardSource
+from polarproxy.store.storable import storable
 
 E = schema.episodes
 C = schema.calls
@@ -42,6 +43,8 @@ def _reward_value(value: float | None) -> float | None:
 
 class RewardsMixin:
     """Reward writes and reads; `Store` provides the transactions."""
+
+    dialect: str  # provided by Store
 
     def _write(self) -> AbstractContextManager[Connection]: ...  # provided by Store
 
@@ -123,8 +126,8 @@ class RewardsMixin:
                         if origin.command is None
                         else orjson.dumps(list(origin.command)).decode(),
                         exit_code=origin.exit_code,
-                        output_tail=origin.output_tail,
-                        note=origin.note,
+                        output_tail=storable(origin.output_tail, self.dialect),
+                        note=storable(origin.note, self.dialect),
                         created_at=now,
                     )
                 )

@@ -17,6 +17,7 @@ from polarproxy.store import (
     default_db_url,
 )
 from polarproxy.store.ids import new_call_id, new_episode_id
+from polarproxy.store.records import RewardOrigin
 
 
 def test_open_creates_parent_folders_and_sets_sqlite_pragmas(tmp_path):
@@ -374,10 +375,10 @@ def test_a_write_that_cannot_get_the_lock_raises_store_error(db_path, monkeypatc
         assert store.begin_call(call_start(eid))[1] == 0
 
 
-def test_a_call_whose_text_holds_nul_bytes_is_recorded_on_every_backend(store, call_start):
+def test_calls_episodes_and_rewards_whose_text_holds_nul_bytes_are_recorded_on_every_backend(store, call_start):
     # A malformed request can carry a NUL byte (a body that is not JSON, a model name): PostgreSQL's text
     # columns cannot hold one, and such a call must still be recorded, not lost.
-    ep = store.create_episode(EpisodeStart(command=["agent"]))
+    ep = store.create_episode(EpisodeStart(command=["agent"], task="fix \x00 it", cwd="/w\x00"))
     body = '{"model": "m\x00", "messages": [\x00'
     cid, _ = store.begin_call(call_start(ep, request_body=body, model="m\x00", prompt_ids=list(range(20))))
     store.finish_call(cid, CallResult(status="failed", error="bad \x00 request", http_status=400))
@@ -389,3 +390,8 @@ def test_a_call_whose_text_holds_nul_bytes_is_recorded_on_every_backend(store, c
     assert got.request_body == body.replace("\x00", kept)
     assert (got.model, got.error) == (f"m{kept}", f"bad {kept} request")
     assert after.request_body == body.replace("\x00", kept) + "more"
+    episode = store.get_episode(ep)
+    assert (episode.task, episode.cwd) == (f"fix {kept} it", f"/w{kept}")
+    store.set_reward(ep, 0.0, origin=RewardOrigin(source="command", output_tail="E\x00", note="n\x00"))
+    (reward,) = store.list_rewards(ep)
+    assert (reward.origin.output_tail, reward.origin.note) == (f"E{kept}", f"n{kept}")
