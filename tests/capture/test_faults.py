@@ -7,8 +7,8 @@ import socket
 import time
 
 import httpx
-import pytest
 import orjson
+import pytest
 
 from polarproxy.sse import SSEDecoder
 
