@@ -9,7 +9,9 @@ by side in one run.
   4x8, 4x32 (issue 12's target shape) and 1x32 (one writer of a fleet node). Reported: calls/s, tokens/s
   (prompt + output tokens of the calls written), the writer processes' CPU per call and the writer
   threads' own. The synthetic agents' calls are made before the clock starts, so the CPU figures are the
-  store path's (the writer thread, the asyncio side of awaiting it), not the test harness's.
+  store path's (the writer thread, the asyncio side of awaiting it), not the test harness's. With the
+  throwaway cluster, the PostgreSQL server's CPU per call too ("server": its processes, from /proc), since
+  on one machine the writers and the server share the cores.
 - **storage**: one 100-turn episode stored linearly (each call stores only the tokens it adds) and whole
   (every prompt in full, as before issue 5): token-array bytes and the whole database size, each per
   distinct token, against the raw size of the distinct tokens (4 bytes per ID).
@@ -33,6 +35,7 @@ import tempfile
 import time
 import uuid
 from array import array
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +169,33 @@ def _writer_process(url: str, episodes: int, calls: int, seed: int, ready: Any, 
     store.close()
 
 
-def bench_write(url: str, writers: int, episodes_each: int, calls: int) -> dict[str, float]:
+def server_cpu_s(data_dir: Path) -> float:
+    """CPU seconds a PostgreSQL server has used: the postmaster's own and its reaped children's, plus those
+    of its children still running (backends, WAL writer, checkpointer). /proc only (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def fields(pid: int) -> list[str]:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
+
+    master = int((data_dir / "postmaster.pid").read_text().split()[0])
+    f = fields(master)
+    total = sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and entry != str(master):
+            try:
+                g = fields(int(entry))
+            except OSError:  # gone meanwhile: its time is in the postmaster's cutime now
+                continue
+            if int(g[1]) == master:
+                total += int(g[11]) + int(g[12])
+    return total / tick
+
+
+def bench_write(
+    url: str, writers: int, episodes_each: int, calls: int, server: Path | None = None
+) -> dict[str, float]:
+    """`server`: the PostgreSQL data folder of a server this run alone uses, to count its CPU too."""
     Store.open(url).close()  # migrate once, outside the timing
     ctx = multiprocessing.get_context("spawn")
     ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
@@ -178,12 +207,14 @@ def bench_write(url: str, writers: int, episodes_each: int, calls: int) -> dict[
         p.start()
     for _ in procs:  # every process has imported everything and opened the store
         ready.get(timeout=300)
+    server0 = None if server is None else server_cpu_s(server)
     t0 = time.perf_counter()
     start.set()
     results = [out.get(timeout=600) for _ in procs]
     wall = time.perf_counter() - t0
     for p in procs:
         p.join(60)
+    server_s = None if server0 is None else server_cpu_s(server) - server0  # its backends have ended
     n = writers * episodes_each * calls
     wall = max(wall, max(r[0] for r in results))
     return {
@@ -197,6 +228,8 @@ def bench_write(url: str, writers: int, episodes_each: int, calls: int) -> dict[
         # the writer processes' CPU (the database server's not counted), and their writer threads' alone
         "writer_cpu_ms_per_call": round(1000 * sum(r[2] for r in results) / n, 3),
         "writer_thread_cpu_ms_per_call": round(1000 * sum(r[3] for r in results) / n, 3),
+        # the database server's CPU (PostgreSQL started by this bench only; SQLite has no server)
+        "server_cpu_ms_per_call": None if server_s is None else round(1000 * server_s / n, 3),
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
 
@@ -330,11 +363,13 @@ def main() -> None:
         if admin:
             backends["postgresql"] = lambda tag: _new_pg_db(admin)
         for name, new_db in backends.items():
+            server = cluster.data if name == "postgresql" and cluster is not None else None
+            write = partial(bench_write, server=server)
             results["write"][name] = {  # writers x episodes each
-                "1x1": bench_write(new_db("w1"), 1, 1, calls * 4),
-                "4x8": bench_write(new_db("w32"), 4, 8, calls),
-                "4x32": bench_write(new_db("w128"), 4, 32, max(2, calls // 2)),  # issue 12's target shape
-                "1x32": bench_write(new_db("w1x32"), 1, 32, max(2, calls // 2)),  # and its one-writer figure
+                "1x1": write(new_db("w1"), 1, 1, calls * 4),
+                "4x8": write(new_db("w32"), 4, 8, calls),
+                "4x32": write(new_db("w128"), 4, 32, max(2, calls // 2)),  # issue 12's target shape
+                "1x32": write(new_db("w1x32"), 1, 32, max(2, calls // 2)),  # and its one-writer figure
             }
             if args.write_only:
                 continue
@@ -351,18 +386,23 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=2))
 
 
+def _or_dash(value: float | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _print(r: dict[str, Any]) -> None:
     print(f"\nwrite throughput (StoreWriter group commit; {r['cpus']} CPUs)")
     print(
         f"{'backend':<11}{'episodes':>9}{'writers':>8}{'calls':>7}{'calls/s':>10}{'tokens/s':>12}"
-        f"{'CPU ms/call':>12}{'thread':>8}{'load':>6}"
+        f"{'CPU ms/call':>12}{'thread':>8}{'server':>8}{'load':>6}"
     )
     for name, by in r["write"].items():
         for w in by.values():
             print(
                 f"{name:<11}{w['concurrent_episodes']:>9}{w['writers']:>8}{w['calls']:>7}"
                 f"{w['calls_per_s']:>10}{w['tokens_per_s']:>12}{w['writer_cpu_ms_per_call']:>12}"
-                f"{w['writer_thread_cpu_ms_per_call']:>8}{w['load_average_1m']:>6}"
+                f"{w['writer_thread_cpu_ms_per_call']:>8}{_or_dash(w.get('server_cpu_ms_per_call')):>8}"
+                f"{w['load_average_1m']:>6}"
             )
     print("\nstorage and read-back of one episode (linear = each call stores only the tokens it adds)")
     print(

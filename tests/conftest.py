@@ -139,6 +139,7 @@ class PgServer:
     """A PostgreSQL server for tests: `url` of a database on it, and fresh databases on demand."""
 
     url: str
+    data: Path | None = None  # the data folder of a throwaway cluster this session started
 
     def create_database(self, prefix: str = "t") -> str:
         """A new, empty database; returns its URL."""
@@ -167,6 +168,6 @@ def pg_server() -> Iterator[PgServer]:
 
     cluster = pg_cluster_or_skip()
     try:
-        yield PgServer(cluster.url)
+        yield PgServer(cluster.url, cluster.data)
     finally:
         cluster.destroy()
