@@ -375,7 +375,9 @@ def test_a_write_that_cannot_get_the_lock_raises_store_error(db_path, monkeypatc
         assert store.begin_call(call_start(eid))[1] == 0
 
 
-def test_calls_episodes_and_rewards_whose_text_holds_nul_bytes_are_recorded_on_every_backend(store, call_start):
+def test_calls_episodes_and_rewards_whose_text_holds_nul_bytes_are_recorded_on_every_backend(
+    store, call_start
+):
     # A malformed request can carry a NUL byte (a body that is not JSON, a model name): PostgreSQL's text
     # columns cannot hold one, and such a call must still be recorded, not lost.
     ep = store.create_episode(EpisodeStart(command=["agent"], task="fix \x00 it", cwd="/w\x00"))
