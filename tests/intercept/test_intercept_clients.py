@@ -70,7 +70,11 @@ def test_records_keep_full_request_and_response(python_run):
 def test_no_secret_reaches_the_store(python_run):
     rec, _, _, _ = python_run
     for f in rec.db.parent.glob(rec.db.name + "*"):
-        assert SECRET.encode() not in f.read_bytes(), f.name
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:  # SQLite removes -wal and -shm when its last connection closes
+            continue
+        assert SECRET.encode() not in data, f.name
     chat = rec.calls[0]
     assert chat.request_headers["authorization"] == "<redacted>"
     gem = next(c for c in rec.calls if c.dialect == "gemini" and c.stream)
