@@ -4,8 +4,8 @@ Load it with `mitmdump -s addons/polarproxy_recorder.py --mode reverse:http://BA
 polarproxy_model=DIR`, or let `polarproxy record` / `polarproxy serve` run it in process. A request on a
 known provider route is parsed here (a malformed one is answered with a provider-shaped 4xx and recorded
 as failed) and its serving begins in this hook: a non-streamed call is answered from here, a streamed
-one is forwarded to the responder, which streams the answer back through mitmproxy. Anything else gets
-a provider-shaped 404; nothing reaches the backend unrecorded.
+one is pointed at the responder, whose answer streams back through mitmproxy's HTTP layer (in process:
+capture/inprocess.py). Anything else gets a provider-shaped 404; nothing reaches the backend unrecorded.
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ class Recorder:
         if self.gateway is None:
             return
         self.responder = Responder(self.gateway.serve)
-        await self.responder.start()
+        proxyserver = ctx.master.addons.get("proxyserver")
+        await self.responder.start(connections=getattr(proxyserver, "connections", None))
         if self.default_episode is None and not self._injected and self.writer is not None:  # mitmdump
             self.default_episode = await self.writer.create_episode(EpisodeStart(command=["mitmdump"]))
 

@@ -57,7 +57,7 @@ class ClientGone(Exception):
 
 
 class Sink(Protocol):
-    """Where a response goes: the responder's connection back to mitmproxy and on to the harness."""
+    """Where a response goes: through mitmproxy to the harness (capture/responder.py)."""
 
     async def head(self, status: int, headers: dict[str, str]) -> None: ...
 

@@ -1,18 +1,20 @@
-"""Where the gateway's answers go: in place for whole answers, through a loopback endpoint for streams.
+"""Where the gateway's answers go: in place for whole answers, into mitmproxy's HTTP layer for streams.
 
 mitmproxy sends an addon-made response in one piece, but streams what a server sends. Either way the
 addon starts serving a call inside its request hook, so rendering and the backend's first token do not
 wait for anything else:
 
 - a non-streamed call (`serve_inline`) is written into a buffer, and the addon hands mitmproxy the
-  finished response: no second HTTP hop;
+  finished response;
 - a streamed call (`serve_stream`) is written into a `HandoffSink` while the addon points the flow at
-  this loopback server; when mitmproxy's request for it arrives (by flow ID), what was buffered goes out
-  and the rest streams straight through (HTTP/1.1 chunked encoding). The hop's cost overlaps the
-  backend's time to first token instead of adding to it.
+  this responder's address; when mitmproxy's request for it arrives (by flow ID), what was buffered goes
+  out and the rest streams straight through. mitmproxy's connection to that address is in process
+  (`claim`, capture/inprocess.py): the answer enters its HTTP layer as its own response events. Where
+  inprocess.py cannot be installed, the address is a real loopback endpoint served here (`_handle`,
+  HTTP/1.1 chunked encoding): the hop's cost then overlaps the backend's time to first token.
 
-Its only client is mitmproxy in this same process, so it speaks just enough HTTP/1.1 for that. The
-figures that chose this design are in docs/benchmarks.md.
+The loopback endpoint's only client is mitmproxy in this same process, so it speaks just enough HTTP/1.1
+for that. The figures that chose this design are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from polarproxy.capture import inprocess
 from polarproxy.capture.gateway import PendingCall, Sink
 
 log = logging.getLogger("polarproxy.responder")
@@ -85,12 +89,25 @@ class ChunkedSink(Sink):
         await self._w.drain()
 
 
+class Target(Sink, Protocol):
+    """Where a parked stream goes once mitmproxy asks for it: this responder's connection (`ChunkedSink`)
+    or mitmproxy's HTTP layer in process (`inprocess.LayerSink`)."""
+
+    ended: bool
+
+    def head_nowait(self, status: int, headers: dict[str, str]) -> None: ...
+
+    def end_nowait(self) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
 class HandoffSink(Sink):
     """A streamed answer begun before mitmproxy's connection to the responder is there: buffered until
     `attach`, then passed straight to that connection."""
 
     def __init__(self) -> None:
-        self._target: ChunkedSink | None = None
+        self._target: Target | None = None
         self._head: tuple[int, dict[str, str]] | None = None
         self._data: list[bytes] = []
         self._end = False
@@ -123,9 +140,9 @@ class HandoffSink(Sink):
         else:
             self._end = True
 
-    async def attach(self, target: ChunkedSink) -> None:
-        """Write what was buffered to `target` (without yielding, so nothing can come between) and pass
-        everything after it straight through."""
+    def attach_nowait(self, target: Target) -> None:
+        """Hand what was buffered to `target` (without yielding, so nothing can come between) and pass
+        everything after it straight through; the caller sees that `target` drains."""
         if self._head is not None:
             target.head_nowait(*self._head)
             for data in self._data:
@@ -134,6 +151,9 @@ class HandoffSink(Sink):
                 target.end_nowait()
         self._head, self._data = None, []
         self._target = target
+
+    async def attach(self, target: Target) -> None:
+        self.attach_nowait(target)
         await target.drain()
 
 
@@ -183,17 +203,53 @@ class Responder:
         self._connections: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
+        self.connections: Mapping[str, Any] = {}  # mitmproxy's client connection handlers (inprocess.py)
+        self.background: set[asyncio.Task[None]] = set()  # inprocess.py's injections nobody waits for
+        self.in_process = False  # streams go to mitmproxy's HTTP layer in process, not over the hop
+        self._address = ("127.0.0.1", 0)
 
-    async def start(self, host: str = "127.0.0.1") -> int:
+    async def start(self, host: str = "127.0.0.1", *, connections: Mapping[str, Any] | None = None) -> int:
+        """Listen on a loopback port (the address flows are pointed at); with `connections` (mitmproxy's
+        Proxyserver.connections) and where inprocess.py can serve it, streams skip the hop."""
         self._server = await asyncio.start_server(self._handle, host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
+        if connections is not None and inprocess.install():
+            self.connections = connections
+            self._address = (host, self.port)
+            inprocess.register(self._address, self)
+            self.in_process = True
         return self.port
 
+    def claim(self, path: str, sink: inprocess.LayerSink) -> bool:
+        """inprocess.Endpoint: mitmproxy asks for the stream parked under `path`, in process."""
+        if not path.startswith(PATH_PREFIX):
+            return False
+        parked = self.pending.pop(path.removeprefix(PATH_PREFIX), None)
+        if parked is None:
+            return False
+        parked.sink.attach_nowait(sink)
+        sink.flush_soon()
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if not sink.ended:  # cancelled (the harness went away) or failed: nothing more will come
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("serving call %s failed", parked.call.flow_id, exc_info=task.exception())
+                sink.fail("polarproxy stopped serving this answer before its end")
+
+        parked.task.add_done_callback(ended)
+        return True
+
     async def stop(self) -> None:
+        if self.in_process:
+            inprocess.unregister(self._address)
+            self.in_process = False
         for task in list(self.running.values()):
             task.cancel()
         if self.running:
             await asyncio.gather(*self.running.values(), return_exceptions=True)
+        await asyncio.sleep(0)  # the cancelled streams' ends, scheduled by their tasks' callbacks
+        if self.background:
+            await asyncio.wait(list(self.background), timeout=5)
         self.pending.clear()
         if self._server is not None:
             self._server.close()

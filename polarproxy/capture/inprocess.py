@@ -1,0 +1,267 @@
+"""Streamed answers handed to mitmproxy's HTTP layer inside this process: no second HTTP hop.
+
+mitmproxy sends an addon-made response in one piece; it streams only what a server sends. So a streamed
+call used to leave the addon's request hook pointed at the responder's loopback endpoint (capture/responder.py),
+and every chunk crossed a second HTTP/1.1 exchange: written and chunk-encoded by the responder, read from a
+socket and parsed again by mitmproxy's HTTP/1 client, before mitmproxy sent it on to the harness.
+
+Here the flow is pointed at the same address, but mitmproxy's HTTP layer gets, for that address, a server
+connection whose protocol layer (`InProcessServer`) is fed by the gateway directly: the answer's head,
+data and end become mitmproxy's own `ResponseHeaders` / `ResponseData` / `ResponseEndOfMessage` events,
+injected into the client connection's handler (`server_event`, the way mitmproxy injects WebSocket and TCP
+messages). No socket, no bytes to parse; mitmproxy's stream state machine, hooks (`responseheaders`,
+`response`, `error`) and the harness-facing HTTP/1 or HTTP/2 encoding are unchanged.
+
+mitmproxy has no option for a server connection of one's own, so `HttpClient` (the layer mitmproxy puts on
+a new server connection) is replaced, for the addresses registered here only, by one that installs
+`InProcessServer` instead of opening a socket (`install`). Where this mitmproxy lacks what that needs,
+`install` returns False and streams take the loopback hop as before. The figures that chose this are in
+docs/benchmarks.md ("Issue 12, fourteenth round").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger("polarproxy.inprocess")
+
+
+class Endpoint(Protocol):
+    """What serves an in-process address (the responder)."""
+
+    # mitmproxy's client connection handlers by client connection ID (Proxyserver.connections)
+    connections: Mapping[str, Any]
+    background: set[asyncio.Task[None]]  # injections no caller waits for (held here until done)
+
+    def claim(self, path: str, sink: LayerSink) -> bool:
+        """Begin passing the stream parked under `path` (what mitmproxy requests) to `sink`; False when
+        nothing is parked there."""
+        ...
+
+
+_ENDPOINTS: dict[tuple[str, int], Endpoint] = {}
+_INSTALLED: bool | None = None
+
+
+def install() -> bool:
+    """Give mitmproxy's HTTP layer in-process server connections for registered addresses; False where this
+    mitmproxy's layers are not the ones this module was written against (streams then take the hop)."""
+    global _INSTALLED
+    if _INSTALLED is not None:
+        return _INSTALLED
+    try:
+        _INSTALLED = _install()
+    except Exception:  # another mitmproxy: its internals differ
+        log.warning("mitmproxy's HTTP layer is not as expected; streams take the loopback hop", exc_info=True)
+        _INSTALLED = False
+    return _INSTALLED
+
+
+def register(address: tuple[str, int], endpoint: Endpoint) -> None:
+    _ENDPOINTS[address] = endpoint
+
+
+def unregister(address: tuple[str, int]) -> None:
+    _ENDPOINTS.pop(address, None)
+
+
+def _install() -> bool:
+    from mitmproxy import http
+    from mitmproxy.connection import ConnectionState
+    from mitmproxy.proxy import events, layer
+    from mitmproxy.proxy.layers import http as http_layers
+    from mitmproxy.proxy.layers.http import (
+        ErrorCode,
+        ReceiveHttp,
+        RegisterHttpConnection,
+        RequestHeaders,
+        RequestProtocolError,
+        ResponseData,
+        ResponseEndOfMessage,
+        ResponseHeaders,
+        ResponseProtocolError,
+    )
+
+    base = http_layers.HttpClient
+    if getattr(base, "polarproxy_in_process", False):
+        return True
+    for name in ("Http1Client", "HttpLayer"):  # the layer stack this replaces a part of
+        if not hasattr(http_layers, name):
+            return False
+
+    @dataclass
+    class Injected(events.ConnectionEvent):
+        """An answer's part for the stream `http_event.stream_id` of the in-process connection."""
+
+        http_event: Any
+
+    class InProcessServer(layer.Layer):
+        """The protocol layer of an in-process server connection: requests claim a parked stream, whose
+        answer comes back as injected events."""
+
+        def __init__(self, context: Any, endpoint: Endpoint) -> None:
+            super().__init__(context)
+            self.endpoint = endpoint
+            self.sinks: dict[int, LayerSink] = {}
+
+        def _handle_event(self, event: Any) -> Any:
+            if isinstance(event, Injected):
+                sid = event.http_event.stream_id
+                if sid in self.sinks:  # else the stream is gone (the harness hung up): drop it
+                    if isinstance(event.http_event, (ResponseEndOfMessage, ResponseProtocolError)):
+                        self.sinks.pop(sid)
+                    yield ReceiveHttp(event.http_event)
+            elif isinstance(event, RequestHeaders):
+                sink = LayerSink(self.endpoint, self.context, event.stream_id, parts)
+                self.sinks[event.stream_id] = sink
+                if not self.endpoint.claim(event.request.path, sink):  # not parked (aborted meanwhile): 404
+                    sink.head_nowait(404, {"content-length": "0"})
+                    sink.end_nowait()
+                    sink.flush_soon()
+            elif isinstance(event, RequestProtocolError):  # the harness went away mid-answer
+                sink = self.sinks.pop(event.stream_id, None)
+                if sink is not None:
+                    sink.closed = True
+            # request data, its end and trailers carry nothing (the addon emptied the body); a
+            # ConnectionClosed never comes: nothing closes this connection but the client's handler
+            yield from ()
+
+    def make_response(status: int, headers: Mapping[str, str]) -> Any:
+        fields = tuple((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
+        reason = http.status_codes.RESPONSES.get(status, "Status").encode()
+        return http.Response(b"HTTP/1.1", status, reason, fields, None, None, time.time(), None)
+
+    parts = _Parts(
+        head=lambda sid, status, headers, end: ResponseHeaders(sid, make_response(status, headers), end),
+        data=ResponseData,
+        end=ResponseEndOfMessage,
+        failed=lambda sid, message: ResponseProtocolError(sid, message, ErrorCode.GENERIC_SERVER_ERROR),
+        inject=Injected,
+    )
+
+    class InProcessAwareHttpClient(base):  # type: ignore[misc,valid-type]
+        polarproxy_in_process = True
+
+        def _handle_event(self, event: Any) -> Any:
+            start = isinstance(event, events.Start)
+            endpoint = _ENDPOINTS.get(self.context.server.address) if start else None
+            if endpoint is None:
+                return (yield from super()._handle_event(event))
+            server = self.context.server
+            server.state = ConnectionState.OPEN
+            server.timestamp_start = server.timestamp_tcp_setup = time.time()
+            server.peername = server.address
+            self.child_layer = InProcessServer(self.context, endpoint)
+            self._handle_event = self.child_layer.handle_event
+            yield from self._handle_event(event)
+            yield RegisterHttpConnection(server, None)
+
+    http_layers.HttpClient = InProcessAwareHttpClient
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """mitmproxy's event constructors, found by `_install`."""
+
+    head: Callable[[int, int, Mapping[str, str], bool], Any]
+    data: Callable[[int, bytes], Any]
+    end: Callable[[int], Any]
+    failed: Callable[[int, str], Any]
+    inject: Callable[[Any, Any], Any]
+
+
+class LayerSink:
+    """A streamed answer as mitmproxy events for one stream of an in-process connection (the responder's
+    `ChunkedSink`, without the bytes). Parts are injected in order; `send`/`end`/`drain` wait until they
+    are through mitmproxy and the harness's connection has room."""
+
+    def __init__(self, endpoint: Endpoint, context: Any, stream_id: int, parts: _Parts) -> None:
+        self._endpoint = endpoint
+        self._client, self._server, self._sid, self._parts = context.client, context.server, stream_id, parts
+        self._queue: deque[Any] = deque()
+        self._lock = asyncio.Lock()
+        self.ended = False
+        self.closed = False  # the harness hung up: parts are dropped
+        self._task: asyncio.Task[None] | None = None
+
+    # -- the Sink interface (capture/gateway.py) and HandoffSink's target interface (capture/responder.py)
+
+    def head_nowait(self, status: int, headers: dict[str, str]) -> None:
+        end = headers.get("content-length") == "0"
+        if "content-length" not in headers:
+            headers = {**headers, "transfer-encoding": "chunked"}  # how mitmproxy frames it for HTTP/1
+        self._queue.append(self._parts.head(self._sid, status, headers, end))  # an end follows even then
+
+    def _put_data(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionResetError("the harness closed the connection")
+        if data and not self.ended:
+            self._queue.append(self._parts.data(self._sid, data))
+
+    def send_nowait(self, data: bytes) -> None:
+        self._put_data(data)
+        self.flush_soon()  # a timer's keep-alive has no one to wait for it
+
+    def end_nowait(self) -> None:
+        if not self.ended:
+            self._queue.append(self._parts.end(self._sid))
+            self.ended = True
+
+    async def head(self, status: int, headers: dict[str, str]) -> None:
+        self.head_nowait(status, headers)
+
+    async def send(self, data: bytes) -> None:
+        self._put_data(data)
+        await self.drain()
+
+    async def end(self) -> None:
+        self.end_nowait()
+        await self.drain()
+
+    def fail(self, message: str) -> None:
+        """End the stream as failed (the harness's connection is closed): serving stopped before the end."""
+        if not self.ended:
+            self._queue.append(self._parts.failed(self._sid, message))
+            self.ended = True
+            self.flush_soon()
+
+    def flush_soon(self) -> None:
+        """Inject what is queued from a task (for callers that cannot wait: timers, mitmproxy's own events)."""
+        if self._queue and (self._task is None or self._task.done()):
+            self._task = task = asyncio.ensure_future(self._drain_quietly())
+            background = self._endpoint.background
+            background.add(task)
+            task.add_done_callback(background.discard)
+
+    async def _drain_quietly(self) -> None:
+        with contextlib.suppress(ConnectionError):
+            while self._queue:  # parts queued while it waited are its too (nothing else was scheduled)
+                await self.drain()
+
+    async def drain(self) -> None:
+        """Inject what is queued, in order, then wait until the harness's connection has room."""
+        # one injector at a time: a later caller finds the queue empty, or holding only its own parts
+        async with self._lock:
+            handler = self._endpoint.connections.get(self._client.id)
+            if handler is None:  # the harness's connection is gone
+                self._queue.clear()
+                self.closed = True
+            while self._queue:
+                await handler.server_event(self._parts.inject(self._server, self._queue.popleft()))
+        if self.closed:
+            if self.ended:
+                return
+            raise ConnectionResetError("the harness closed the connection")
+        io = handler.transports.get(self._client)
+        writer = getattr(io, "writer", None)
+        if writer is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                await writer.drain()
