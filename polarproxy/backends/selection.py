@@ -10,11 +10,16 @@ the prompt and sends token IDs: T1 and T2 hold) and `chat` (the server applies i
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import orjson
 
 from polarproxy.backends.base import Backend, BackendError
 from polarproxy.backends.http11 import HTTPClient
 from polarproxy.backends.wire import get
+
+log = logging.getLogger("polarproxy.backends")
 
 KINDS = ("sglang", "vllm", "local")
 MODES = ("tokens", "chat")
@@ -43,18 +48,23 @@ async def _json(http: HTTPClient, url: str, path: str) -> dict | None:
 
 async def detect_kind(url: str) -> str:
     """What serves `url`. Raises BackendError when nothing answers, SelectionError when it cannot tell."""
+    return (await _detect(url))[0]
+
+
+async def _detect(url: str) -> tuple[str, dict[str, Any] | None]:
+    """(kind, the server's /get_server_info when it answers one)."""
     url = url.rstrip("/")
     http = HTTPClient(url, connect_timeout=5.0, read_timeout=30.0)
     try:
         info = await _json(http, url, "/get_server_info")
         if info is not None:
-            return "local" if info.get("backend") == "polarproxy-local" else "sglang"
+            return ("local" if info.get("backend") == "polarproxy-local" else "sglang"), info
         if await _json(http, url, "/get_model_info") is not None:
-            return "sglang"
+            return "sglang", None
         version = await _json(http, url, "/version")
         models = await _json(http, url, "/v1/models")
         if version is not None and "version" in version and models is not None and models.get("data"):
-            return "vllm"
+            return "vllm", None
     finally:
         await http.aclose()
     raise SelectionError(
@@ -66,18 +76,34 @@ async def detect_kind(url: str) -> str:
 _SAME_PROTOCOL = {"sglang": "sglang", "local": "sglang", "vllm": "vllm"}
 
 
-async def _check_kind(url: str, kind: str) -> None:
+async def _check_kind(url: str, kind: str) -> dict[str, Any] | None:
     """Refuse a given kind that the server's own answers contradict (`--backend-kind vllm` against SGLang):
-    every call would fail later. A server whose kind cannot be told (a gateway in front) is taken at its word."""
+    every call would fail later. A server whose kind cannot be told (a gateway in front) is taken at its word.
+    Returns the server's /get_server_info, when it answers one."""
     try:
-        seen = await detect_kind(url)
+        seen, info = await _detect(url)
     except SelectionError:
-        return
+        return None
     if _SAME_PROTOCOL[seen] != _SAME_PROTOCOL[kind]:
         raise SelectionError(
             f"--backend-kind {kind} does not match the server at {url.rstrip('/')}: it answers as {seen} "
             f"({'/get_server_info' if seen != 'vllm' else '/version and /v1/models'}).",
         )
+    return info
+
+
+def cumulative_stream_warning(url: str, info: dict[str, Any] | None) -> str | None:
+    """What to tell a user whose SGLang server streams cumulatively (its /get_server_info says
+    `incremental_streaming_output: false`), else None. Every event of such a stream repeats the whole answer
+    so far, so the proxy's CPU per streamed answer grows with the square of its length (docs/benchmarks.md:
+    a 4,096-token answer ~1.3 s against ~0.06 s incrementally, on 2 cores)."""
+    if info is None or info.get("incremental_streaming_output") is not False:
+        return None  # incremental, or a server without the setting: nothing to change
+    return (
+        f"The SGLang server at {url.rstrip('/')} streams cumulatively (every event repeats the whole answer "
+        "so far): each streamed answer costs the proxy CPU that grows with the square of its length. "
+        "Start SGLang with --incremental-streaming-output."
+    )
 
 
 def make_backend(url: str, kind: str, mode: str = "tokens") -> Backend:
@@ -111,16 +137,27 @@ async def open_backend(url: str, kind: str | None = None, mode: str | None = Non
     mode = check_choice(mode, MODES, "backend mode") or "tokens"
     kind = check_choice(kind, KINDS, "backend kind")
     if kind is None:
-        kind = await detect_kind(url)
+        kind, info = await _detect(url)
     else:
-        await _check_kind(url, kind)
+        info = await _check_kind(url, kind)
     backend = make_backend(url, kind, mode)
     try:
         await backend.health()
     except BackendError:
         await backend.aclose()
         raise
+    if kind == "sglang" and mode == "tokens" and (warning := cumulative_stream_warning(url, info)):
+        log.warning("%s", warning)
     return backend
 
 
-__all__ = ["KINDS", "MODES", "SelectionError", "check_choice", "detect_kind", "make_backend", "open_backend"]
+__all__ = [
+    "KINDS",
+    "MODES",
+    "SelectionError",
+    "check_choice",
+    "cumulative_stream_warning",
+    "detect_kind",
+    "make_backend",
+    "open_backend",
+]

@@ -198,3 +198,27 @@ def test_serve_refuses_an_unreachable_backend(tiny_model_dir, tmp_path):
         timeout=120,
     )
     assert r.returncode == 1 and "http://127.0.0.1:1 is unreachable" in r.stderr
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_an_sglang_server_that_streams_cumulatively_is_named_at_start(incremental, caplog):
+    with SGLangDouble(outputs=[1], incremental_streaming_output=incremental) as d:
+        backend = await open_backend(d.url)
+        await backend.aclose()
+    warned = [r.getMessage() for r in caplog.records if r.name == "polarproxy.backends"]
+    if incremental:
+        assert warned == []
+    else:
+        (message,) = warned
+        assert d.url in message and "--incremental-streaming-output" in message
+
+
+async def test_a_server_without_the_streaming_setting_gets_no_warning(caplog):
+    stub = StubBackend(StubConfig(output_ids=[1]))  # answers /get_server_info without the key
+    await stub.start()
+    try:
+        backend = await open_backend(f"http://127.0.0.1:{stub.port}")
+        await backend.aclose()
+    finally:
+        await stub.stop()
+    assert not [r for r in caplog.records if r.name == "polarproxy.backends"]
