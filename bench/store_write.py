@@ -179,17 +179,22 @@ def server_cpu_s(data_dir: Path) -> float:
         return stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
 
     master = int((data_dir / "postmaster.pid").read_text().split()[0])
-    f = fields(master)
-    total = sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and entry != str(master):
-            try:
-                g = fields(int(entry))
-            except OSError:  # gone meanwhile: its time is in the postmaster's cutime now
-                continue
-            if int(g[1]) == master:
-                total += int(g[11]) + int(g[12])
-    return total / tick
+    while True:
+        # A child reaped between reading the postmaster and listing /proc would be counted nowhere (its time
+        # reaches the postmaster's cutime only when reaped), so the postmaster is read before and after the
+        # children, and the sum is taken only when no child was reaped in between.
+        f = fields(master)
+        total = sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and entry != str(master):
+                try:
+                    g = fields(int(entry))
+                except OSError:  # gone meanwhile: reaped, so the postmaster's cutime changes too
+                    continue
+                if int(g[1]) == master:  # running or exited (a zombie keeps its times until reaped)
+                    total += int(g[11]) + int(g[12])
+        if fields(master)[13:15] == f[13:15]:
+            return total / tick
 
 
 def bench_write(
