@@ -92,7 +92,7 @@ async def _check_kind(url: str, kind: str) -> dict[str, Any] | None:
     return info
 
 
-def cumulative_stream_warning(url: str, info: dict[str, Any] | None) -> str | None:
+def _cumulative_stream_warning(url: str, info: dict[str, Any] | None) -> str | None:
     """What to tell a user whose SGLang server streams cumulatively (its /get_server_info says
     `incremental_streaming_output: false`), else None. Every event of such a stream repeats the whole answer
     so far, so the proxy's CPU per streamed answer grows with the square of its length (docs/benchmarks.md:
@@ -146,7 +146,7 @@ async def open_backend(url: str, kind: str | None = None, mode: str | None = Non
     except BackendError:
         await backend.aclose()
         raise
-    if kind == "sglang" and mode == "tokens" and (warning := cumulative_stream_warning(url, info)):
+    if kind == "sglang" and mode == "tokens" and (warning := _cumulative_stream_warning(url, info)):
         log.warning("%s", warning)
     return backend
 
@@ -156,7 +156,6 @@ __all__ = [
     "MODES",
     "SelectionError",
     "check_choice",
-    "cumulative_stream_warning",
     "detect_kind",
     "make_backend",
     "open_backend",

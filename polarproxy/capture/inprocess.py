@@ -89,12 +89,9 @@ def _install() -> bool:
         ResponseProtocolError,
     )
 
-    base = http_layers.HttpClient
+    base = http_layers.HttpClient  # an AttributeError here (another mitmproxy) is install()'s False
     if getattr(base, "polarproxy_in_process", False):
         return True
-    for name in ("Http1Client", "HttpLayer"):  # the layer stack this replaces a part of
-        if not hasattr(http_layers, name):
-            return False
 
     @dataclass
     class Injected(events.ConnectionEvent):

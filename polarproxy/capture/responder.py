@@ -220,11 +220,15 @@ class Responder:
             self.in_process = True
         return self.port
 
+    def _take(self, path: str) -> _Parked | None:
+        """The stream parked under `path` (what mitmproxy requests for it), no longer parked; None if none."""
+        if not path.startswith(PATH_PREFIX):
+            return None
+        return self.pending.pop(path.removeprefix(PATH_PREFIX), None)
+
     def claim(self, path: str, sink: inprocess.LayerSink) -> bool:
         """inprocess.Endpoint: mitmproxy asks for the stream parked under `path`, in process."""
-        if not path.startswith(PATH_PREFIX):
-            return False
-        parked = self.pending.pop(path.removeprefix(PATH_PREFIX), None)
+        parked = self._take(path)
         if parked is None:
             return False
         parked.sink.attach_nowait(sink)
@@ -324,8 +328,7 @@ class Responder:
                         length = int(value.strip() or 0)
                 if length:
                     await reader.readexactly(length)
-                flow_id = path.removeprefix(PATH_PREFIX)
-                parked = self.pending.pop(flow_id, None) if path.startswith(PATH_PREFIX) else None
+                parked = self._take(path)
                 target = ChunkedSink(writer)
                 if parked is None:
                     await target.head(404, {"content-length": "0"})
@@ -339,7 +342,7 @@ class Responder:
                 except asyncio.CancelledError:
                     return
                 except Exception:
-                    log.exception("serving call %s failed", flow_id)
+                    log.exception("serving call %s failed", parked.call.flow_id)
                     return
                 if not target.ended:
                     return
