@@ -9,8 +9,10 @@ Here the flow is pointed at the same address, but mitmproxy's HTTP layer gets, f
 connection whose protocol layer (`InProcessServer`) is fed by the gateway directly: the answer's head,
 data and end become mitmproxy's own `ResponseHeaders` / `ResponseData` / `ResponseEndOfMessage` events,
 injected into the client connection's handler (`server_event`, the way mitmproxy injects WebSocket and TCP
-messages). No socket, no bytes to parse; mitmproxy's stream state machine, hooks (`responseheaders`,
-`response`, `error`) and the harness-facing HTTP/1 or HTTP/2 encoding are unchanged.
+messages). No socket, no bytes to parse; mitmproxy's stream state machine, flow hooks (`responseheaders`,
+`response`, `error`) and the harness-facing HTTP/1 or HTTP/2 encoding are unchanged. No connection is
+opened, so the server-connection hooks (`server_connect`, `server_connected`, `server_disconnected`) do
+not fire for these streams.
 
 mitmproxy has no option for a server connection of one's own, so `HttpClient` (the layer mitmproxy puts on
 a new server connection) is replaced, for the addresses registered here only, by one that installs
