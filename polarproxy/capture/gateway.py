@@ -37,6 +37,8 @@ from polarproxy.store.records import CallResult, CallStart
 log = logging.getLogger("polarproxy.gateway")
 
 ABORTED = "aborted: the harness disconnected before the answer was complete"  # a call's error then
+STOPPED = "aborted: the proxy stopped before the answer was complete"  # a call's error when it stops
+STOPPING = "polarproxy: the proxy stops"  # the message of the cancellation that stops a call being served
 JSON_HEADERS = {"content-type": "application/json"}
 # Prompts longer than this are tokenized in a worker thread (the tokenizer releases the GIL there), so one
 # long request does not hold up the streams of the others; short ones are cheaper inline.
@@ -68,6 +70,12 @@ class Sink(Protocol):
     def send_nowait(self, data: bytes) -> None:
         """Queue bytes without waiting for the peer (keep-alives from a timer)."""
         ...
+
+
+def _abort_reason(e: asyncio.CancelledError) -> str:
+    """A cancelled call's recorded error: the proxy stopping (`Responder.stop` cancels with `STOPPING`), or
+    else the harness hanging up."""
+    return STOPPED if e.args and e.args[0] == STOPPING else ABORTED
 
 
 @dataclass(slots=True)
@@ -176,9 +184,11 @@ class Gateway:
         if not self.renderer.loaded:  # a deferred tokenizer (Renderer(defer=True)) still loading
             try:
                 await self.renderer.ready()
-            except asyncio.CancelledError:  # the harness hung up (or the proxy stops) first: T3, recorded
+            except (
+                asyncio.CancelledError
+            ) as e:  # the harness hung up (or the proxy stops) first: T3, recorded
                 await asyncio.shield(
-                    self.record_failure(start, status="aborted", error=ABORTED, http_status=499)
+                    self.record_failure(start, status="aborted", error=_abort_reason(e), http_status=499)
                 )
                 raise
             except Exception as e:
@@ -218,8 +228,8 @@ class Gateway:
                 await run.stream()
             else:
                 await run.complete()
-        except asyncio.CancelledError:
-            await asyncio.shield(run.record_abort(ABORTED))
+        except asyncio.CancelledError as e:
+            await asyncio.shield(run.record_abort(_abort_reason(e)))
             raise
         except ClientGone:
             await run.record_abort(ABORTED)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from polarproxy.capture import inprocess
-from polarproxy.capture.gateway import PendingCall, Sink
+from polarproxy.capture.gateway import STOPPING, PendingCall, Sink
 
 log = logging.getLogger("polarproxy.responder")
 
@@ -248,7 +248,7 @@ class Responder:
             inprocess.unregister(self._address)
             self.in_process = False
         for task in list(self.running.values()):
-            task.cancel()
+            task.cancel(STOPPING)  # recorded as stopped by the proxy, not as a hang-up
         if self.running:
             await asyncio.gather(*self.running.values(), return_exceptions=True)
         await asyncio.sleep(0)  # the cancelled streams' ends, scheduled by their tasks' callbacks

@@ -137,6 +137,21 @@ def test_client_hanging_up_mid_stream_is_recorded_as_aborted(make_stub, make_pro
     assert httpx.post(proxy.url + CHAT, json=BODY, timeout=30).status_code == 200
 
 
+def test_the_proxy_stopping_mid_stream_is_recorded_as_such_not_as_a_hang_up(make_stub, make_proxy):
+    stub = make_stub(" ".join(["word"] * 200), per_token_ms=20)
+    proxy = make_proxy(stub.url)
+    with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
+        it = r.iter_raw()
+        next(it)
+        next(it)  # the answer is under way
+        proxy.stop()
+        with pytest.raises(httpx.HTTPError):  # the stream ends unfinished, at once (no read timeout)
+            for _ in it:
+                pass
+    (c,) = calls(proxy)
+    assert c.status == "aborted" and c.error == "aborted: the proxy stopped before the answer was complete"
+
+
 def test_client_hanging_up_during_a_non_streamed_call_is_recorded_as_aborted(make_stub, make_proxy):
     # the answer is made inside the addon's request hook (no hop): the hang-up is seen while it waits
     stub = make_stub(" ".join(["word"] * 200), per_token_ms=20)
