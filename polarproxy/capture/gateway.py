@@ -184,9 +184,7 @@ class Gateway:
         if not self.renderer.loaded:  # a deferred tokenizer (Renderer(defer=True)) still loading
             try:
                 await self.renderer.ready()
-            except (
-                asyncio.CancelledError
-            ) as e:  # the harness hung up (or the proxy stops) first: T3, recorded
+            except asyncio.CancelledError as e:  # the harness hung up, or the proxy stops: T3, recorded
                 await asyncio.shield(
                     self.record_failure(start, status="aborted", error=_abort_reason(e), http_status=499)
                 )
