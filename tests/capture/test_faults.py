@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from contextlib import contextmanager
 
 import httpx
 import orjson
@@ -124,13 +125,20 @@ def test_backend_dying_mid_stream_ends_the_stream_with_an_error_event_and_keeps_
     assert httpx.post(proxy.url + CHAT, json=BODY, timeout=30).status_code == 200
 
 
-def test_client_hanging_up_mid_stream_is_recorded_as_aborted(make_stub, make_proxy):
-    stub = make_stub(" ".join(["word"] * 200), per_token_ms=20)
-    proxy = make_proxy(stub.url)
+@contextmanager
+def answer_under_way(make_stub, make_proxy):
+    """A proxy, and a 4 s streamed answer through it of which two chunks have arrived (the rest's iterator)."""
+    proxy = make_proxy(make_stub(" ".join(["word"] * 200), per_token_ms=20).url)
     with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
         it = r.iter_raw()
         next(it)
         next(it)
+        yield proxy, it
+
+
+def test_client_hanging_up_mid_stream_is_recorded_as_aborted(make_stub, make_proxy):
+    with answer_under_way(make_stub, make_proxy) as (proxy, _):
+        pass  # the harness hangs up
     assert wait_for(lambda: calls(proxy) and calls(proxy)[0].status != "in_flight")
     (c,) = calls(proxy)
     assert c.status == "aborted" and "disconnected" in c.error
@@ -138,12 +146,7 @@ def test_client_hanging_up_mid_stream_is_recorded_as_aborted(make_stub, make_pro
 
 
 def test_the_proxy_stopping_mid_stream_is_recorded_as_such_not_as_a_hang_up(make_stub, make_proxy):
-    stub = make_stub(" ".join(["word"] * 200), per_token_ms=20)
-    proxy = make_proxy(stub.url)
-    with httpx.stream("POST", proxy.url + CHAT, json={**BODY, "stream": True}, timeout=30) as r:
-        it = r.iter_raw()
-        next(it)
-        next(it)  # the answer is under way
+    with answer_under_way(make_stub, make_proxy) as (proxy, it):
         proxy.stop()
         with pytest.raises(httpx.HTTPError):  # the stream ends unfinished
             for _ in it:
