@@ -481,16 +481,18 @@ def collect(
         return [], after
     cursor = finishes[-1][0]
     if not whole_groups:
-        eps = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[e for _, e in finishes]))
+        eps = store.list_episodes(
+            limit=None, where=EpisodeQuery(episode_ids=[e for _, e in finishes]), counts=False
+        )
         order = {eid: i for i, (_, eid) in enumerate(finishes)}
         return _rows(store, sorted(eps, key=lambda e: order[e.id]), strategy, "none"), cursor
     rows: list[dict[str, Any]] = []
     for seq, eid in finishes:
-        (ep,) = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[eid]))
+        (ep,) = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[eid]), counts=False)
         members = (
             [ep]
             if ep.group_id is None
-            else store.list_episodes(limit=None, where=EpisodeQuery(group_id=ep.group_id))
+            else store.list_episodes(limit=None, where=EpisodeQuery(group_id=ep.group_id), counts=False)
         )
         if any(m.status == "running" for m in members):
             continue  # comes with the finish that completes it

@@ -186,7 +186,7 @@ def run_export(
         raise OptionError(str(e), hint="Use --strategy per-request or --strategy prefix-merge.") from None
     write = get_writer(fmt)
     query = filters.query()
-    chosen = {e.id: e for e in store.list_episodes(limit=None, where=query)}
+    chosen = {e.id: e for e in store.list_episodes(limit=None, where=query, counts=False)}
     report = compute_advantages(chosen.values(), adv) if adv.enabled else None
 
     def rows(source_store: Any, episode_ids: list[str] | None) -> Iterable[Trajectory | SpanTrajectory]:

@@ -436,7 +436,7 @@ def export_sft(
 
         filters = replace(filters, episode_ids=list(episode_ids))
     query = filters.query()
-    episodes = {e.id: e for e in store.list_episodes(limit=None, where=query)}
+    episodes = {e.id: e for e in store.list_episodes(limit=None, where=query, counts=False)}
     stats = SFTStats()
     rows = sft_rows(store.iter_calls(where=query), episodes, filters=filters, tokenization=tok, stats=stats)
     if progress is not None:

@@ -252,7 +252,7 @@ class StoreView:
 
         out = []
         for group in groups:
-            for e in self.store.list_episodes(limit=None, where=EpisodeQuery(group_id=group)):
+            for e in self.store.list_episodes(limit=None, where=EpisodeQuery(group_id=group), counts=False):
                 if e.metadata.get("rollout_id") == rollout_id and "task_id" in e.metadata:
                     out.append(PriorEpisode(e.id, e.status, e.reward, e.metadata))
         return out

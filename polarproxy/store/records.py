@@ -92,8 +92,8 @@ class Episode:
     started_at: float
     ended_at: float | None
     metadata: dict[str, Any]
-    calls: int = 0
-    tokens: int = 0  # prompt + output tokens over all calls
+    calls: int | None = 0  # None: not counted (list_episodes(counts=False))
+    tokens: int | None = 0  # prompt + output tokens over all calls; None: not counted
 
 
 @dataclass(slots=True)

@@ -290,6 +290,9 @@ def test_list_episodes_newest_first_with_call_and_token_counts(store, call_start
     assert [(e.calls, e.tokens) for e in listed] == [(0, 0), (2, 6), (0, 0)]
     assert [e.id for e in store.list_episodes(limit=1, offset=1)] == [ids[1]]
     assert len(store.list_episodes(limit=None)) == 3
+    uncounted = store.list_episodes(counts=False)  # what exports read: no call row is visited
+    assert [(e.id, e.calls, e.tokens) for e in uncounted] == [(eid, None, None) for eid in ids[::-1]]
+    assert [e.command for e in uncounted] == [e.command for e in listed]
 
 
 def test_call_statuses_counts_each_status_of_one_episode(store, call_start, ok_result):
