@@ -14,6 +14,8 @@ import pytest
 from serving import ServeThread, Stub
 
 from polarproxy.client import AsyncClient, Client, ControlError
+from polarproxy.export.run import run_export
+from polarproxy.store import Store
 
 TOKEN = "client-test-token"
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "export-row.v2.json"
@@ -38,7 +40,7 @@ def call(ep, text: str = "hi") -> None:
     assert r.status_code == 200, r.text
 
 
-def test_a_puller_gets_every_trajectory_exactly_once_while_episodes_finish(served):
+def test_a_puller_gets_every_trajectory_exactly_once_while_episodes_finish(served, tmp_path):
     schema = orjson.loads(SCHEMA.read_bytes())
     n = 4
     pulled: list[dict] = []
@@ -76,6 +78,14 @@ def test_a_puller_gets_every_trajectory_exactly_once_while_episodes_finish(serve
         assert pp.pull(cursor=cursor, wait=0.3)[0] == []
         assert [e["id"] for e in pp.episodes(status="ok", task="t")] == made[::-1]
         assert pp.episodes(status="running", task="t") == []
+        merged, _ = pp.pull(strategy="prefix-merge", wait=0)
+    # the rows a trainer pulls are those `polarproxy export` writes for the same episodes
+    for strategy, got in (("per-request", pulled), ("prefix-merge", merged)):
+        out = tmp_path / f"{strategy}.jsonl"
+        with Store.open(tmp_path / "c.db") as store:
+            run_export(store, out, strategy=strategy)
+        exported = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+        assert sorted(got, key=lambda r: r["episode_id"]) == sorted(exported, key=lambda r: r["episode_id"])
 
 
 async def test_groups_complete_waits_for_the_whole_group_and_carries_its_advantages(served):

@@ -508,13 +508,15 @@ def _rows(store: Store, episodes: Sequence[Any], strategy: str, estimator: str) 
     from polarproxy.export.rows import trajectory_to_row
     from polarproxy.export.run import _with_advantages
     from polarproxy.reconstruct import get_strategy
+    from polarproxy.store.token_calls import iter_token_calls
 
     if not episodes:
         return []
     chosen = {e.id: e for e in episodes}
-    trajs: Any = get_strategy(strategy)(
-        store.iter_calls(list(chosen), lazy_prompts=strategy == "prefix-merge"), episodes=chosen
-    )
+    # The store's token arrays (store/token_calls.py), as exports read them; `where`, not exact IDs: an
+    # episode removed since it was listed is left out, not an error.
+    calls = iter_token_calls(store, where=EpisodeQuery(episode_ids=list(chosen)))
+    trajs: Any = get_strategy(strategy)(calls, episodes=chosen)
     if estimator != "none":
         trajs = _with_advantages(trajs, compute_advantages(chosen.values(), AdvantageOptions(estimator)))
     return [trajectory_to_row(t) for t in trajs]
