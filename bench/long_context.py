@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import itertools
 import json
@@ -58,7 +57,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from long_context_profile import operation_costs, where_time_goes
-from proxy_overhead import REPO, Proc, cpu_s, log, mem_mb, ms, pct, spawn
+from proxy_overhead import REPO, Proc, cpu_s, log, mem_mb, ms, pct, spawn, thread_cpu_ns
 
 QWEN3 = REPO.parent / "shared" / "fixtures" / "chat-templates" / "qwen3.jinja"
 CHAT_PATH = "/v1/chat/completions"
@@ -224,15 +223,6 @@ def new_episode(case: str, n: int, sizes: Sizes, text: TextSource) -> Episode:
 
 
 # -- measuring ------------------------------------------------------------------------------------
-
-
-def thread_cpu_ns(pid: int) -> int:
-    """On-CPU nanoseconds of all threads of `pid` (schedstat; finer than utime+stime's clock ticks)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-            total += int(f.read().split()[0])
-    return total
 
 
 @dataclass

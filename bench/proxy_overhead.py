@@ -192,6 +192,16 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def thread_cpu_ns(pid: int) -> int:
+    """On-CPU nanoseconds of the live threads of `pid` (schedstat). Finer than `cpu_s`'s clock ticks (10 ms
+    here), so it can time one call; it leaves out threads that have ended, so `cpu_s` suits whole phases."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total
+
+
 def mem_mb(pid: int) -> dict[str, float]:
     out = {}
     with open(f"/proc/{pid}/status") as f:

@@ -15,8 +15,9 @@ later. Five targets are timed in one run, request by request in a new shuffled o
 Per call the client notes when each content-bearing SSE event arrives (a text delta in that format;
 for direct, an event whose `output_ids` grew) and in how many separate network reads they came.
 Figures per format: time to first token (TTFT) and the mean gap between content chunks, each minus
-direct's from the same run ("added"); polarproxy's own CPU per chunk (from /proc/PID/stat around each
-call, one call in flight at a time); and chunks seen by the client as a share of tokens generated. A
+direct's from the same run ("added"); polarproxy's own CPU per chunk (its threads' on-CPU time from
+/proc/PID/task/*/schedstat around each call, one call in flight at a time: clock ticks of /proc/PID/stat
+are too coarse for a short run's calls); and chunks seen by the client as a share of tokens generated. A
 proxy that buffered would show one read and a share near 0; polarproxy must stream token by token.
 """
 
@@ -41,7 +42,7 @@ import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import REPO, Proc, cpu_s, log, ms, pct, spawn, tiny_model
+from proxy_overhead import REPO, Proc, log, ms, pct, spawn, thread_cpu_ns, tiny_model
 
 MODEL = "tiny"
 FIRST_TOKEN_MS = 20.0
@@ -138,7 +139,7 @@ class Sample:
 async def call(client: httpx.AsyncClient, url: str, body: bytes, target: str, cpu_pid: int | None) -> Sample:
     read_content = CONTENT[target]
     state: dict[str, Any] = {}
-    cpu0 = cpu_s(cpu_pid) if cpu_pid else 0.0
+    cpu0 = thread_cpu_ns(cpu_pid) if cpu_pid else 0
     t0 = time.perf_counter()
     first = last = None
     chunks = content_reads = 0
@@ -168,7 +169,7 @@ async def call(client: httpx.AsyncClient, url: str, body: bytes, target: str, cp
                         parts.append(text)
             content_reads += got
     total = time.perf_counter() - t0
-    cpu = (cpu_s(cpu_pid) - cpu0) if cpu_pid else 0.0
+    cpu = (thread_cpu_ns(cpu_pid) - cpu0) / 1e9 if cpu_pid else 0.0
     ok = status == 200 and first is not None
     first = total if first is None else first
     gap = ((last or first) - first) / (chunks - 1) if chunks > 1 else 0.0
