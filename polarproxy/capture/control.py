@@ -506,20 +506,17 @@ def _rows(store: Store, episodes: Sequence[Any], strategy: str, estimator: str) 
     """Export rows of these episodes, built as `polarproxy export` builds them."""
     from polarproxy.export.advantages import AdvantageOptions, compute_advantages
     from polarproxy.export.rows import trajectory_to_row
-    from polarproxy.export.run import _with_advantages
-    from polarproxy.reconstruct import get_strategy
+    from polarproxy.export.run import trajectories
     from polarproxy.store.token_calls import iter_token_calls
 
     if not episodes:
         return []
     chosen = {e.id: e for e in episodes}
+    report = None if estimator == "none" else compute_advantages(chosen.values(), AdvantageOptions(estimator))
     # The store's token arrays (store/token_calls.py), as exports read them; `where`, not exact IDs: an
     # episode removed since it was listed is left out, not an error.
     calls = iter_token_calls(store, where=EpisodeQuery(episode_ids=list(chosen)))
-    trajs: Any = get_strategy(strategy)(calls, episodes=chosen)
-    if estimator != "none":
-        trajs = _with_advantages(trajs, compute_advantages(chosen.values(), AdvantageOptions(estimator)))
-    return [trajectory_to_row(t) for t in trajs]
+    return [trajectory_to_row(t) for t in trajectories(calls, chosen, strategy, report=report)]
 
 
 def _response(status: int, body: bytes) -> http.Response:

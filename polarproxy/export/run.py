@@ -102,6 +102,23 @@ def resolve_episodes(store: Any, episodes: Sequence[str] | None) -> list[str] | 
         raise UsageError(str(e), hint="List episodes with `polarproxy ls`.") from e
 
 
+def trajectories(
+    calls: Iterable[Any],
+    episodes: dict[str, Any],
+    strategy: str,
+    *,
+    include_failed: bool = False,
+    report: AdvantageReport | None = None,
+) -> Iterable[Trajectory | SpanTrajectory]:
+    """`calls` (store Calls or token calls, by episode) reconstructed by `strategy`, each row carrying its
+    episode's advantage when `report` has one (rows of episodes without one are dropped and counted): the
+    trajectories `run_export` writes and the control API's pulls return."""
+    from polarproxy.reconstruct import get_strategy
+
+    trajs = get_strategy(strategy)(calls, episodes=episodes, include_failed=include_failed)
+    return _with_advantages(trajs, report) if report is not None else trajs
+
+
 def _with_advantages(
     trajs: Iterable[Trajectory | SpanTrajectory], report: AdvantageReport
 ) -> Iterator[Trajectory | SpanTrajectory]:
@@ -181,7 +198,7 @@ def run_export(
 
     strategy = strategy or DEFAULT_STRATEGY
     try:
-        reconstruct = get_strategy(strategy)
+        get_strategy(strategy)  # an unknown strategy fails here, before anything is read
     except ValueError as e:
         raise OptionError(str(e), hint="Use --strategy per-request or --strategy prefix-merge.") from None
     write = get_writer(fmt)
@@ -196,10 +213,9 @@ def run_export(
             from polarproxy.store.token_calls import iter_token_calls
 
             source = iter_token_calls(source_store, episode_ids, where=query)
-        trajs: Iterable[Trajectory | SpanTrajectory] = reconstruct(
-            filters.calls(source), episodes=chosen, include_failed=include_failed
+        return trajectories(
+            filters.calls(source), chosen, strategy, include_failed=include_failed, report=report
         )
-        return _with_advantages(trajs, report) if report is not None else trajs
 
     parts: list[list[str]] = []
     if jobs > 1 and not plain and parallel.why_not_parallel(store) is None:
