@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import threading
 import time
 import weakref
@@ -33,7 +34,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.pool import StaticPool
 
 BUSY_TIMEOUT_S = 10.0
@@ -160,9 +161,15 @@ class WriterTurns:
         return held.fd
 
     @contextmanager
-    def turn(self) -> Iterator[None]:
+    def turn(self, *, wait: bool = True) -> Iterator[None]:
+        """The writers' turn; `wait=False`: only if no other writer has it now, else `WriteBusy`."""
         fd = self._fd()
-        got = fd >= 0 and _flock(fd, time.monotonic() + BUSY_TIMEOUT_S)
+        if wait:
+            got = fd >= 0 and _flock(fd, time.monotonic() + BUSY_TIMEOUT_S)
+        else:
+            got = fd >= 0 and _flock(fd, 0.0)
+            if not got:
+                raise WriteBusy(f"another writer of {self.path.removesuffix('-writelock')} is writing")
         try:
             yield
         finally:
@@ -170,7 +177,13 @@ class WriterTurns:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+class WriteBusy(Exception):
+    """A write that would have to wait (`HeldConnection(wait=False)`): nothing was written; write it where
+    waiting is fine."""
+
+
 def _flock(fd: int, deadline: float) -> bool:
+    """Take the flock, trying until `deadline` (0: once)."""
     delay = TURN_POLL_MIN_S
     while True:
         try:
@@ -203,3 +216,104 @@ def read_transaction(engine: Engine) -> Iterator[Connection]:
     """A read-only transaction: one consistent snapshot for the block."""
     with engine.connect() as conn, conn.begin():
         yield conn
+
+
+class HeldConnection:
+    """A SQLite file's connection kept by one writer for its call writes (module docstring). Its
+    transactions run statements on the driver; errors are raised as SQLAlchemy's. After the engine's pool
+    is replaced (`Engine.dispose`) it connects again, as the pool's users do. Not for concurrent use."""
+
+    def __init__(self, engine: Engine, *, wait: bool = True) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect
+        self.wait = wait
+        self._turns = _TURNS.get(engine)
+        self._proxied: Any = None  # the pool's connection, checked out for as long as it is held
+        self._pool: Any = None
+
+    def _driver(self) -> sqlite3.Connection:
+        if self._proxied is not None and self._pool is self.engine.pool:
+            return self._proxied.driver_connection  # type: ignore[no-any-return]
+        self.close()
+        pool = self.engine.pool
+        proxied = self.engine.raw_connection()  # SQLAlchemy's errors if the file cannot be opened
+        db: sqlite3.Connection = proxied.driver_connection
+        if not self.wait:
+            db.execute("PRAGMA busy_timeout = 0")
+            db.execute("PRAGMA wal_autocheckpoint = 0")
+        self._proxied, self._pool = proxied, pool
+        return db
+
+    @contextmanager
+    def transaction(self) -> Iterator[DriverConnection]:
+        """A write transaction (`BEGIN IMMEDIATE`), committed when the block exits without error."""
+        with nullcontext() if self._turns is None else self._turns.turn(wait=self.wait):
+            db = self._driver()
+            try:
+                _run(db, "BEGIN IMMEDIATE")
+                yield DriverConnection(self.dialect, db)
+                _run(db, "COMMIT")
+            except BaseException:
+                self.close()  # rolls back whatever is open; the next transaction connects again
+                raise
+
+    def close(self) -> None:
+        proxied, self._proxied = self._proxied, None
+        if proxied is not None:
+            try:
+                proxied.invalidate()  # closed, not returned: its pragmas may differ from the pool's
+            except Exception:  # closing is best effort (the file may be gone)
+                pass
+
+
+class DriverConnection:
+    """What the call writes use of a SQLAlchemy `Connection` (`exec_driver_sql` with positional parameters,
+    a list of them for executemany), on a driver connection inside a `HeldConnection` transaction."""
+
+    __slots__ = ("_db", "dialect")
+
+    def __init__(self, dialect: Any, db: sqlite3.Connection) -> None:
+        self.dialect = dialect
+        self._db = db
+
+    def exec_driver_sql(self, sql: str, params: Any = ()) -> DriverRows:
+        try:
+            cursor = (
+                self._db.executemany(sql, params)
+                if isinstance(params, list)
+                else self._db.execute(sql, params)
+            )
+        except sqlite3.Error as e:
+            raise _wrapped(sql, e) from e
+        return DriverRows(cursor)
+
+
+class DriverRows:
+    """A cursor as the call writes read a SQLAlchemy result: `all()`, iteration, `rowcount`."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: sqlite3.Cursor) -> None:
+        self._cursor = cursor
+
+    def all(self) -> list[Any]:
+        return self._cursor.fetchall()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor)
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+
+def _run(db: sqlite3.Connection, sql: str) -> None:
+    try:
+        db.execute(sql)
+    except sqlite3.Error as e:
+        raise _wrapped(sql, e) from e
+
+
+def _wrapped(sql: str, e: sqlite3.Error) -> DBAPIError:
+    """The driver's error as SQLAlchemy raises it (OperationalError, IntegrityError, ...), parameters hidden."""
+    return DBAPIError.instance(sql, None, e, sqlite3.Error, hide_parameters=True)

@@ -24,7 +24,13 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from polarproxy.store.bases import RecentCalls
 from polarproxy.store.call_reads import CALL_STATUSES, CallReadsMixin
 from polarproxy.store.call_writes import MIN_REFERENCE_TOKENS, CallWritesMixin
-from polarproxy.store.engine import is_sqlite_memory, make_engine, read_transaction, write_transaction
+from polarproxy.store.engine import (
+    HeldConnection,
+    is_sqlite_memory,
+    make_engine,
+    read_transaction,
+    write_transaction,
+)
 from polarproxy.store.episodes import EPISODE_STATUSES, EpisodesMixin
 from polarproxy.store.errors import StoreError
 from polarproxy.store.migrations import migrate
@@ -138,16 +144,24 @@ class Store(EpisodesMixin, CallWritesMixin, CallReadsMixin, RewardsMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def held_connection(self, *, wait: bool = True) -> HeldConnection | None:
+        """A connection for one writer's call writes (`batch(held)`), kept between transactions; None where
+        the store has none (PostgreSQL, in-memory SQLite): there `batch()` is the way. engine.py says why."""
+        if self.dialect != "sqlite" or is_sqlite_memory(self.connect_url):
+            return None
+        return HeldConnection(self.engine, wait=wait)
+
     @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self, held: HeldConnection | None = None) -> Iterator[None]:
         """Run this thread's writes inside one transaction, committed once when the block exits.
 
         Group commit for the proxy's writer thread: under load one commit covers many calls. If any write
-        in the block fails, the whole block is rolled back and the error propagates."""
+        in the block fails, the whole block is rolled back and the error propagates. On a `held` connection
+        only call writes (`write_calls`, `write_prepared` and the calls that use them) may run."""
         if getattr(self._local, "conn", None) is not None:
             yield
             return
-        with self._write() as conn:  # its after-commit actions run once the whole block committed
+        with self._write(held) as conn:  # its after-commit actions run once the whole block committed
             self._local.conn = conn
             try:
                 yield
@@ -155,16 +169,19 @@ class Store(EpisodesMixin, CallWritesMixin, CallReadsMixin, RewardsMixin):
                 self._local.conn = None
 
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def _write(self, held: HeldConnection | None = None) -> Iterator[Connection]:
         batch = getattr(self._local, "conn", None)
         if batch is not None:
             yield batch
             return
         hooks: list[Callable[[], None]] = []
         self._local.hooks = hooks
+        transaction: AbstractContextManager[Any] = (
+            write_transaction(self.engine) if held is None else held.transaction()
+        )
         try:
             try:
-                with self._lock, write_transaction(self.engine) as conn:
+                with self._lock, transaction as conn:
                     yield conn
                     if _transaction_failed(conn):
                         raise StoreError(

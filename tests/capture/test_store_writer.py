@@ -278,3 +278,107 @@ async def test_a_run_of_finishes_with_a_bad_one_in_it_fails_only_that_one(tmp_pa
     assert results[:15] + results[16:] == [None] * 30
     writer.close()
     assert [c.status for c in Store.open(tmp_path / "w.db").list_calls(ep)] == ["ok"] * 30
+
+
+# ---- finishes committed on the event loop's thread (issue 12) -------------------------------------------------
+
+
+def _status_on_disk(path, call_id: str) -> str:
+    """The call's status as another connection reads it now (a committed row, T6)."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT status FROM calls WHERE id = ?", (call_id,)).fetchone()[0]
+    finally:
+        db.close()
+
+
+async def test_an_idle_writers_finish_is_committed_on_the_loop_and_on_disk_when_awaited(tmp_path):
+    writer = StoreWriter(Store.open(tmp_path / "w.db"))
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    cid, _ = await writer.begin_call(start(ep, 1))
+    await asyncio.sleep(0.05)  # the thread has settled the begin and waits for more
+    await writer.finish_call(cid, CallResult(status="ok", output_ids=[7], output_logprobs=[-0.5]))
+    assert writer.inline_finishes == 1
+    assert _status_on_disk(tmp_path / "w.db", cid) == "ok"
+    writer.close()
+    [call] = Store.open(tmp_path / "w.db").list_calls(ep)
+    assert (call.output_ids, call.output_logprobs) == ([7], [-0.5])
+
+
+@pytest.mark.parametrize("holder", ["another connection's write lock", "another polarproxy writer's turn"])
+async def test_a_finish_that_would_wait_for_a_lock_waits_on_the_thread_and_the_loop_runs_on(tmp_path, holder):
+    """The loop never waits out a busy timeout: a finish that finds SQLite's write lock or the writers'
+    flock taken goes to the thread, which waits, and commits once the lock is free."""
+    import fcntl
+    import os
+    import sqlite3
+
+    path = tmp_path / "w.db"
+    writer = StoreWriter(Store.open(path))
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    cid, _ = await writer.begin_call(start(ep, 1))
+    await asyncio.sleep(0.05)
+    if holder.startswith("another connection"):
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        release = lambda: other.execute("ROLLBACK")  # noqa: E731
+    else:
+        fd = os.open(f"{path}-writelock", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        release = lambda: fcntl.flock(fd, fcntl.LOCK_UN)  # noqa: E731
+    finishing = asyncio.ensure_future(writer.finish_call(cid, CallResult(status="ok", output_ids=[7])))
+    ticks = 0
+    for _ in range(20):  # 0.2 s of a loop that must keep running meanwhile
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert not finishing.done() and ticks == 20
+    assert _status_on_disk(path, cid) == "in_flight"
+    release()
+    await asyncio.wait_for(finishing, 15)
+    assert writer.inline_finishes == 0
+    assert _status_on_disk(path, cid) == "ok"
+    writer.close()
+
+
+async def test_a_finish_while_the_thread_is_writing_is_queued_behind_it(tmp_path, monkeypatch):
+    import threading
+
+    writer = StoreWriter(Store.open(tmp_path / "w.db"))
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    cid, _ = await writer.begin_call(start(ep, 1))
+    entered, go_on = threading.Event(), threading.Event()
+    prepare = Store.prepare_calls
+
+    def held_up(self, begins, finishes=()):
+        if begins:  # the thread's next group: held up while the finish below comes in
+            entered.set()
+            go_on.wait(10)
+        return prepare(self, begins, finishes)
+
+    monkeypatch.setattr(Store, "prepare_calls", held_up)
+    second = asyncio.ensure_future(writer.begin_call(start(ep, 2)))
+    assert await asyncio.to_thread(entered.wait, 10)
+    finishing = asyncio.ensure_future(writer.finish_call(cid, CallResult(status="ok", output_ids=[7])))
+    await asyncio.sleep(0.05)
+    assert not finishing.done()  # behind the thread's group, not around it
+    go_on.set()
+    await asyncio.gather(second, finishing)
+    assert writer.inline_finishes == 0
+    writer.close()
+    assert [c.status for c in Store.open(tmp_path / "w.db").list_calls(ep)] == ["ok", "in_flight"]
+
+
+async def test_a_finish_too_large_for_the_loop_is_written_by_the_thread(tmp_path):
+    from polarproxy.capture.store_writer import INLINE_MAX_BYTES
+
+    writer = StoreWriter(Store.open(tmp_path / "w.db"))
+    ep = await writer.create_episode(EpisodeStart(command=["x"]))
+    cid, _ = await writer.begin_call(start(ep, 1))
+    await asyncio.sleep(0.05)
+    body = "x" * (INLINE_MAX_BYTES + 1)
+    await writer.finish_call(cid, CallResult(status="ok", output_ids=[7], response_body=body))
+    assert writer.inline_finishes == 0
+    assert _status_on_disk(tmp_path / "w.db", cid) == "ok"
+    writer.close()

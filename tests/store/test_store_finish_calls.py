@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polarproxy.store import StoreError
+from polarproxy.store import EpisodeStart, Store, StoreError
 from polarproxy.store.errors import NotFoundError
 
 
@@ -48,3 +48,74 @@ def test_a_used_output_cannot_change_through_finish_calls_either(store, episode,
         [(later, ok_result()), (base, ok_result(output_ids=[5, 6], output_logprobs=[-1.0, -2.0]))]
     )  # a replay: fine
     assert store.get_call(later).status == "ok"
+
+
+# ---- held connections (issue 12): one writer's call writes on the driver (SQLite files) -----------------------
+
+
+def test_a_held_connection_writes_calls_in_one_transaction_and_raises_sqlalchemys_errors(
+    db_path, call_start, ok_result
+):
+    import sqlalchemy.exc
+
+    with Store.open(db_path) as store:
+        ep = store.create_episode(EpisodeStart(command=["x"]))
+        held = store.held_connection()
+        assert held is not None
+        with store.batch(held):
+            [(cid, seq)] = store.write_calls([(None, call_start(ep))])
+        assert seq == 0 and store.get_call(cid).status == "in_flight"
+        with pytest.raises(NotFoundError, match="call_missing"), store.batch(held):
+            store.finish_call(cid, ok_result(output_ids=[1], output_logprobs=[-0.5]))
+            store.finish_call("call_missing", ok_result())
+        assert store.get_call(cid).status == "in_flight"  # the whole transaction rolled back
+        with pytest.raises(sqlalchemy.exc.OperationalError) as e, held.transaction() as conn:
+            conn.exec_driver_sql("SELECT * FROM no_such_table")
+        assert "no_such_table" in str(e.value.orig)
+        with store.batch(held):  # connected again after the failure
+            store.finish_call(cid, ok_result(output_ids=[1], output_logprobs=[-0.5]))
+        assert store.get_call(cid).output_ids == [1]
+        held.close()
+
+
+def test_a_connection_held_without_waiting_neither_waits_nor_checkpoints(db_path, call_start, ok_result):
+    """The event loop's connection (capture/store_writer.py): a taken lock fails it at once, and the WAL's
+    checkpoints (an fsync) are left to the writer thread's connection."""
+    import sqlite3
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polarproxy.store.engine import WriteBusy
+
+    with Store.open(db_path) as store:
+        ep = store.create_episode(EpisodeStart(command=["x"]))
+        [(cid, _)] = store.write_calls([(None, call_start(ep))])
+        held = store.held_connection(wait=False)
+        assert held is not None and Store.open(":memory:").held_connection() is None
+        with held.transaction() as conn:
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").all() == [(0,)]
+        other = sqlite3.connect(db_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        t0 = time.monotonic()
+        with pytest.raises(StoreError, match="locked"), store.batch(held):
+            store.finish_call(cid, ok_result())
+        assert time.monotonic() - t0 < 1.0  # not the 10 s busy timeout
+        other.execute("ROLLBACK")
+        other.close()
+        # holding the writers' flock: another writer's try (another thread: the flock is per thread) fails
+        with held.transaction(), ThreadPoolExecutor(1) as pool:
+            assert isinstance(pool.submit(_try_a_write, store).result(timeout=5), WriteBusy)
+        assert store.get_call(cid).status == "in_flight"
+        held.close()
+
+
+def _try_a_write(store: Store) -> BaseException | None:
+    held = store.held_connection(wait=False)
+    assert held is not None
+    try:
+        with held.transaction():
+            return None
+    except Exception as e:
+        return e
+    finally:
+        held.close()
