@@ -248,11 +248,11 @@ class HeldConnection:
     def transaction(self) -> Iterator[DriverConnection]:
         """A write transaction (`BEGIN IMMEDIATE`), committed when the block exits without error."""
         with nullcontext() if self._turns is None else self._turns.turn(wait=self.wait):
-            db = self._driver()
+            conn = DriverConnection(self.dialect, self._driver())
             try:
-                _run(db, "BEGIN IMMEDIATE")
-                yield DriverConnection(self.dialect, db)
-                _run(db, "COMMIT")
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                yield conn
+                conn.exec_driver_sql("COMMIT")
             except BaseException:
                 self.close()  # rolls back whatever is open; the next transaction connects again
                 raise
@@ -305,13 +305,6 @@ class DriverRows:
     @property
     def rowcount(self) -> int:
         return self._cursor.rowcount
-
-
-def _run(db: sqlite3.Connection, sql: str) -> None:
-    try:
-        db.execute(sql)
-    except sqlite3.Error as e:
-        raise _wrapped(sql, e) from e
 
 
 def _wrapped(sql: str, e: sqlite3.Error) -> DBAPIError:
