@@ -248,7 +248,7 @@ class Recorder:
             return
         start.model = conv.model
         start.stream = conv.stream
-        start.conversation = conv.to_dict()
+        start.conversation = conv  # made plain data by the store writer, off the event loop
         call = PendingCall(
             flow_id=flow.id, episode_id=episode, dialect=dialect, conversation=conv, start=start
         )

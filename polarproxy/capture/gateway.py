@@ -40,8 +40,10 @@ ABORTED = "aborted: the harness disconnected before the answer was complete"  # 
 STOPPED = "aborted: the proxy stopped before the answer was complete"  # a call's error when it stops
 STOPPING = "polarproxy: the proxy stops"  # the message of the cancellation that stops a call being served
 JSON_HEADERS = {"content-type": "application/json"}
-# Prompts longer than this are tokenized in a worker thread (the tokenizer releases the GIL there), so one
-# long request does not hold up the streams of the others; short ones are cheaper inline.
+# Prompts that render more than this many characters of messages (a fresh render of a long request, an
+# extension with long new messages, a whole-conversation check) are made in a worker thread (the tokenizer
+# releases the GIL there), so one long request does not hold up the streams of the others; the rest, an
+# extension of any length with short new messages among them, are cheaper inline.
 INLINE_RENDER_CHARS = 16_384
 
 
@@ -200,10 +202,11 @@ class Gateway:
             prompt_ids: Sequence[int] = []
         else:
             try:
-                if len(start.request_body) > INLINE_RENDER_CHARS:  # the request's size bounds the prompt's
-                    prompt = await asyncio.to_thread(self.prefixes.build, call.episode_id, conv)
-                else:
+                if len(start.request_body) <= INLINE_RENDER_CHARS:  # the request's size bounds the prompt's
                     prompt = self.prefixes.build(call.episode_id, conv)
+                else:
+                    built = self.prefixes.build_within(call.episode_id, conv, INLINE_RENDER_CHARS)
+                    prompt = built or await asyncio.to_thread(self.prefixes.build, call.episode_id, conv)
             except Exception as e:  # a template that cannot render this conversation
                 msg = f"The chat template could not render this request: {e}"
                 await self.record_failure(start, status="failed", error=msg, http_status=400)

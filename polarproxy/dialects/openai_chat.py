@@ -71,35 +71,50 @@ def _tool_calls(raw: Any, where: str) -> list[ToolCall]:
                 raise DialectError(
                     f"{where}.tool_calls[{i}].function.arguments cannot be encoded: {e}."
                 ) from e
-        call_id = string(tc, "id", where=f"{where}.tool_calls[{i}].")
+        call_id = tc.get("id")
+        if not isinstance(call_id, str):
+            call_id = string(tc, "id", where=f"{where}.tool_calls[{i}].")
         calls.append(ToolCall(id=call_id, name=fn["name"], arguments=args))
     return calls
 
 
+def _optional_string(raw: dict[str, Any], key: str, i: int) -> str | None:
+    """`messages[i].key`: a string, or None when absent or null. The error's place is only formatted for
+    an error: this runs for every field of every message of every call (a long history: thousands)."""
+    v = raw.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    return string(raw, key, where=f"messages[{i}].")  # raises, naming the place
+
+
 def _message(raw: Any, i: int) -> Message:
-    where = f"messages[{i}]"
     if not isinstance(raw, dict):
-        raise DialectError(f"{where} must be an object.")
-    role = ROLES.get(raw["role"]) if isinstance(raw.get("role"), str) else None
+        raise DialectError(f"messages[{i}] must be an object.")
+    r = raw.get("role")
+    role = ROLES.get(r) if isinstance(r, str) else None
     if role is None:
         raise DialectError(
-            f"Unknown role {raw.get('role')!r} at {where}. Must be one of {', '.join(repr(r) for r in ROLES)}."
+            f"Unknown role {r!r} at messages[{i}]. Must be one of {', '.join(repr(r) for r in ROLES)}."
         )
     if role != "assistant" and "content" not in raw:
         # Only an assistant turn may omit its content (it may hold tool calls only), as in OpenAI's API.
-        raise DialectError(f"{where}.content is required for a {raw['role']!r} message.")
-    key = "reasoning_content" if raw.get("reasoning_content") is not None else "reasoning"
-    reasoning = string(raw, key, where=f"{where}.")
-    tool_call_id = string(raw, "tool_call_id", where=f"{where}.") if role == "tool" else None
-    if role == "tool" and not tool_call_id:
-        raise DialectError(f"{where}.tool_call_id is required for a 'tool' message (a string).")
+        raise DialectError(f"messages[{i}].content is required for a {r!r} message.")
+    reasoning = _optional_string(raw, "reasoning_content", i)
+    if reasoning is None:
+        reasoning = _optional_string(raw, "reasoning", i)
+    tool_call_id = None
+    if role == "tool":
+        tool_call_id = _optional_string(raw, "tool_call_id", i)
+        if not tool_call_id:
+            raise DialectError(f"messages[{i}].tool_call_id is required for a 'tool' message (a string).")
+    content = raw.get("content")
     return Message(
         role=role,  # type: ignore[arg-type]
-        content=_text(raw.get("content"), where),
+        content=content if isinstance(content, str) else _text(content, f"messages[{i}]"),
         reasoning=reasoning or None,
-        tool_calls=_tool_calls(raw.get("tool_calls"), where) if role == "assistant" else [],
+        tool_calls=_tool_calls(raw.get("tool_calls"), f"messages[{i}]") if role == "assistant" else [],
         tool_call_id=tool_call_id,
-        name=string(raw, "name", where=f"{where}.") or None,
+        name=_optional_string(raw, "name", i) or None,
     )
 
 

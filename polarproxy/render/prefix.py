@@ -161,6 +161,16 @@ def _mismatch(conv: Conversation, turn: Turn) -> str | None:
     return None
 
 
+def _shape(conv: Conversation, turn: Turn) -> tuple[bool, tuple[str, ...], int]:
+    """The shape of `conv`'s continuation of `turn` that a whole-conversation check covers: whether the
+    answer made tool calls, the roles of the new messages, and the history's length in powers of two.
+    Checked once per shape: amortized, a constant number of whole-conversation renders per call, and a
+    history-reading template is found by the time the history is twice as long as when it first rendered
+    the same."""
+    n = len(turn.conversation.messages)
+    return (bool(conv.messages[n].tool_calls), tuple(m.role for m in conv.messages[n + 1 :]), n.bit_length())
+
+
 @dataclass(slots=True, frozen=True)
 class Tail:
     text: str
@@ -237,6 +247,22 @@ class PrefixIndex:
 
     def build(self, episode_id: str, conv: Conversation) -> Prompt:
         """The prompt for `conv`: extending the most recent call it extends, else rendered fresh."""
+        prompt = self._build(episode_id, conv, budget=None)
+        assert prompt is not None  # no budget: always built
+        return prompt
+
+    def build_within(self, episode_id: str, conv: Conversation, budget: int) -> Prompt | None:
+        """The prompt for `conv` if making it renders at most about `budget` characters of messages: an
+        extension whose new messages are that short, with no whole-conversation check due. Else None, and
+        the caller builds it with `build` (the gateway, in a worker thread). An extension's cost does not
+        grow with the conversation, so a long request need not leave the event loop for it."""
+        return self._build(episode_id, conv, budget=budget)
+
+    def _build(self, episode_id: str, conv: Conversation, budget: int | None) -> Prompt | None:
+        if budget is not None and (
+            self.policy == "fresh" or (episode_id not in self._episodes and self.loader is not None)
+        ):
+            return None  # a fresh render, or the store's read of the episode's calls
         turns = self.turns(episode_id) if self.policy == "extend" else self._episodes.get(episode_id, [])
         if self.policy == "fresh":
             rendered = self.renderer.render(conv)
@@ -252,6 +278,8 @@ class PrefixIndex:
         for turn in sorted(turns, key=lambda t: len(t.conversation.messages), reverse=True):
             why = _mismatch(conv, turn)
             if why is None:
+                if budget is not None and not self._cheap_tail(conv, turn, budget):
+                    return None
                 tail = self.tail(conv, turn)
                 if isinstance(tail, Tail):
                     ids = turn.prompt_ids + turn.output_ids + array("i", self.renderer.encode(tail.text))
@@ -272,6 +300,8 @@ class PrefixIndex:
                     )
                 why = tail
             note = note or why
+        if budget is not None:
+            return None  # a fresh render: its cost grows with the conversation
         rendered = self.renderer.render(conv)
         return Prompt(
             tokens=array("i", rendered.ids), mode="fresh", note=note if turns else None, fold=rendered.fold
@@ -285,10 +315,7 @@ class PrefixIndex:
         n = len(turn.conversation.messages)
         sent, followers = conv.messages[n], conv.messages[n + 1 :]
         stand_in = stand_in_turn(sent)
-        # checked once per shape of continuation and history length (in powers of two): amortized, a
-        # constant number of whole-conversation renders per call, and a history-reading template is found
-        # by the time the history is twice as long as when it first rendered the same
-        shape = (bool(sent.tool_calls), tuple(m.role for m in followers), n.bit_length())
+        shape = _shape(conv, turn)
         whole = self.needs_history or self.check == "always" or shape not in self._checked
         lead = 0
         while lead < n and conv.messages[lead].role == "system":
@@ -330,6 +357,16 @@ class PrefixIndex:
                     "new prompt cannot extend that call's tokens"
                 )
         return tail
+
+    def _cheap_tail(self, conv: Conversation, turn: Turn, budget: int) -> bool:
+        """Whether `tail` renders only the new messages (no whole conversation) and they are within `budget`
+        characters."""
+        if self.needs_history or self.check == "always" or _shape(conv, turn) not in self._checked:
+            return False
+        chars = 0
+        for m in conv.messages[len(turn.conversation.messages) + 1 :]:
+            chars += len(m.content) + len(m.reasoning or "") + sum(len(t.arguments) for t in m.tool_calls)
+        return chars <= budget
 
     def stop_texts(self) -> list[str]:
         if self._stop_texts is None:

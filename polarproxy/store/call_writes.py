@@ -197,10 +197,10 @@ def _bodies_delta(base: Known, bodies: tuple[str, str | None]) -> bytes | None:
     return delta if len(delta) < len(bodies[0]) + len(bodies[1] or "") else None
 
 
-def _temperature(start: CallStart) -> float | None:
+def _temperature(start: CallStart, conversation: dict[str, Any] | None) -> float | None:
     if start.temperature is not None:
         return float(start.temperature)
-    value = ((start.conversation or {}).get("sampling") or {}).get("temperature")
+    value = ((conversation or {}).get("sampling") or {}).get("temperature")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -353,7 +353,8 @@ class CallWritesMixin:
         """Everything a begin needs outside the transaction: packed prompt, JSON, the base and body edits."""
         prompt = pack_ids(start.prompt_ids)
         body = storable(start.request_body, self.dialect)  # as stored, and so as a later call's base
-        bodies = (body, None if start.conversation is None else _dumps(start.conversation))
+        conversation = start.conversation_dict()
+        bodies = (body, None if conversation is None else _dumps(conversation))
         chosen = self._choose_base(start, prompt)
         base, delta = (None, None) if chosen is None else (chosen[0], _bodies_delta(chosen[1], bodies))
         row = [
@@ -384,7 +385,7 @@ class CallWritesMixin:
             start.extended_from,
             start.render_note,
             start.started_at or time.time(),
-            _temperature(start),
+            _temperature(start, conversation),
         ]
         if self.dialect == "postgresql":  # a model name or a note may hold a NUL
             row = [storable(v, self.dialect) for v in row]

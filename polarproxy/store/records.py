@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from polarproxy.conversation import Conversation
+
 CallStatus = Literal["in_flight", "ok", "failed", "aborted", "interrupted"]
 EpisodeStatus = Literal["running", "ok", "failed", "interrupted"]
 RewardSource = Literal["command", "cli", "http"]
@@ -35,7 +37,9 @@ class CallStart:
     stream: bool
     request_headers: dict[str, str]  # already redacted (T5)
     request_body: str  # the provider request body as text, already redacted (T5)
-    conversation: dict[str, Any] | None  # Conversation.to_dict(), None when the request did not parse
+    # The parsed request (None when it did not parse): the Conversation itself, made plain data by the store
+    # writer off the event loop (`conversation_dict`), or that plain data (Conversation.to_dict()).
+    conversation: Conversation | dict[str, Any] | None
     prompt_ids: Sequence[int]  # the proxy's: an int32 array (render/prefix.py Prompt.tokens); or a list
     backend: str = ""
     backend_kind: str = ""
@@ -52,6 +56,11 @@ class CallStart:
     # The sampling temperature the backend is asked for (the logprobs depend on it). None: the store takes
     # the conversation's (`sampling.temperature`); None there too means the backend's default.
     temperature: float | None = None
+
+    def conversation_dict(self) -> dict[str, Any] | None:
+        """The conversation as plain data (Conversation.to_dict()), as the store keeps it."""
+        c = self.conversation
+        return c.to_dict() if isinstance(c, Conversation) else c
 
 
 @dataclass(slots=True)

@@ -134,3 +134,28 @@ def test_calls_of_other_episodes_are_never_extended(r):
     index.remember("ep_a", turn)
     p = index.build("ep_b", next_request(conv))
     assert p.mode == "fresh" and p.note is None
+
+
+def test_build_within_makes_only_the_extensions_whose_cost_does_not_grow_with_the_conversation(r):
+    conv, turn = first_turn(r)
+    index = PrefixIndex(r)
+    assert index.build_within("ep", conv, 10_000) is None  # no earlier call: a fresh render
+    index.remember("ep", turn)
+    req = next_request(conv)
+    # the first continuation of this shape is checked against a whole-conversation render
+    assert index.build_within("ep", req, 10_000) is None
+    built = index.build("ep", req)
+    again = index.build_within("ep", req, 10_000)
+    assert again is not None and again.mode == "extended" and again.tokens == built.tokens
+    assert index.build_within("ep", req, 5) is None  # the new messages are longer than the budget
+    edited = replace(req, messages=[Message(role="system", content="Be long."), *req.messages[1:]])
+    assert index.build_within("ep", edited, 10_000) is None  # a fresh render
+    assert PrefixIndex(r, policy="fresh").build_within("ep", req, 10_000) is None
+
+
+def test_build_within_leaves_the_stores_read_of_an_unknown_episode_to_build(r):
+    conv, turn = first_turn(r)
+    loads: list[str] = []
+    index = PrefixIndex(r, loader=lambda ep: loads.append(ep) or [turn])
+    assert index.build_within("ep", next_request(conv), 10_000) is None and loads == []
+    assert index.build("ep", next_request(conv)).mode == "extended" and loads == ["ep"]
