@@ -99,22 +99,27 @@ def _message(raw: Any, i: int) -> Message:
     if role != "assistant" and "content" not in raw:
         # Only an assistant turn may omit its content (it may hold tool calls only), as in OpenAI's API.
         raise DialectError(f"messages[{i}].content is required for a {r!r} message.")
-    reasoning = _optional_string(raw, "reasoning_content", i)
+    get = raw.get
+    reasoning = get("reasoning_content")
     if reasoning is None:
-        reasoning = _optional_string(raw, "reasoning", i)
+        reasoning = get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, str):
+        _optional_string(raw, "reasoning_content", i)  # raises, naming the field
+        _optional_string(raw, "reasoning", i)
     tool_call_id = None
     if role == "tool":
         tool_call_id = _optional_string(raw, "tool_call_id", i)
         if not tool_call_id:
             raise DialectError(f"messages[{i}].tool_call_id is required for a 'tool' message (a string).")
-    content = raw.get("content")
+    content = get("content")
+    name = get("name")
     return Message(
-        role=role,  # type: ignore[arg-type]
-        content=content if isinstance(content, str) else _text(content, f"messages[{i}]"),
-        reasoning=reasoning or None,
-        tool_calls=_tool_calls(raw.get("tool_calls"), f"messages[{i}]") if role == "assistant" else [],
-        tool_call_id=tool_call_id,
-        name=_optional_string(raw, "name", i) or None,
+        role,  # type: ignore[arg-type]
+        content if isinstance(content, str) else _text(content, f"messages[{i}]"),
+        reasoning or None,
+        _tool_calls(get("tool_calls"), f"messages[{i}]") if role == "assistant" else [],
+        tool_call_id,
+        (name if isinstance(name, str) else _optional_string(raw, "name", i)) or None,
     )
 
 
