@@ -27,7 +27,7 @@ import os
 import zlib
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -223,6 +223,10 @@ def _plain(value: Any) -> Any:
 
 
 def encode(op: dict[str, Any]) -> bytes:
+    start = op.get("start")
+    if isinstance(start, CallStart) and not isinstance(start.conversation, (dict, type(None))):
+        # a parsed Conversation (the gateway's): written as the store keeps it, not as orjson sees a dataclass
+        op = {**op, "start": replace(start, conversation=start.conversation_dict())}
     body = orjson.dumps(op, default=_plain)
     return b"%08x %s\n" % (zlib.crc32(body), body)
 

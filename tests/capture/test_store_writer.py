@@ -224,6 +224,38 @@ def test_replaying_a_spool_twice_stores_each_call_once(tmp_path, spool_root):
     assert store.get_episode(ep).status == "running"  # the torn record was never acknowledged: not applied
 
 
+def test_a_spooled_begin_keeps_the_parsed_conversation_as_the_store_keeps_it(tmp_path, spool_root):
+    """The gateway's CallStart carries its parsed Conversation (made plain data by the writer): a spooled
+    begin is written as `conversation_dict()`, and its replay stores the same conversation (T3)."""
+    from dataclasses import replace
+
+    from polarproxy.conversation import Conversation, Message, Sampling, Tool, ToolCall
+    from polarproxy.store.ids import new_call_id
+
+    conv = Conversation(
+        messages=[
+            Message(role="user", content="hi"),
+            Message(role="assistant", tool_calls=[ToolCall("call_1", "ls", '{"p": 1}')], signature="s"),
+            Message(role="tool", content="a.txt", tool_call_id="call_1"),
+        ],
+        tools=[Tool(name="ls", parameters={"type": "object"})],
+        sampling=Sampling(temperature=0.7, stop=["x"]),
+        model="m",
+    )
+    store = Store.open(tmp_path / "c.db")
+    ep = store.create_episode(EpisodeStart(command=["x"]))
+    cid = new_call_id()
+    line = spool.encode(spool.op_begin_call(cid, replace(start(ep, 0), conversation=conv)))
+    assert spool.decode(line)["start"]["conversation"] == conv.to_dict()
+    path = tmp_path / "conv.spool"
+    f = spool.SpoolFile(path)
+    f.append([spool.op_begin_call(cid, replace(start(ep, 0), conversation=conv))])
+    f.close()
+    _, res = spool.replay(store, path)
+    assert res.done and res.rejected == 0
+    assert store.get_call(cid).conversation == conv.to_dict()
+
+
 # ---- owners (issue 5 part 4) ---------------------------------------------------------------------------------
 
 
