@@ -24,6 +24,7 @@ from polarproxy.capture.gateway import JSON_HEADERS, Gateway, GatewayOptions, Pe
 from polarproxy.capture.responder import Responder
 from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
+from polarproxy.dialects.resend import ResentBodies
 from polarproxy.redact import redact_headers, redact_path
 from polarproxy.store.records import CallStart, EpisodeStart
 
@@ -59,6 +60,8 @@ class Recorder:
         self.responder: Responder | None = None
         # `serve`'s control API and episode routing (capture/control.py); None: `record` and mitmdump
         self.control: Control | None = None
+        # the last long request of each recent episode: the next one parses only its new messages
+        self.resent = ResentBodies()
 
     # -- mitmproxy lifecycle --------------------------------------------------------------------
 
@@ -223,11 +226,9 @@ class Recorder:
             started_at=time.time(),
         )
         try:
-            try:
-                body = orjson.loads(req.content or b"")
-            except orjson.JSONDecodeError as e:
-                raise DialectError(f"The request body is not valid JSON: {e}.") from e
-            conv = dialect.parse(body, path=bare_path, query=dict(req.query))
+            conv = self.resent.parse(
+                dialect, episode, req.content or b"", path=bare_path, query=dict(req.query)
+            )
         except DialectError as e:
             await self.gateway.record_failure(
                 start, status="failed", error=f"bad request: {e.message}", http_status=e.status
@@ -252,7 +253,7 @@ class Recorder:
         call = PendingCall(
             flow_id=flow.id, episode_id=episode, dialect=dialect, conversation=conv, start=start
         )
-        del body, conv, start  # held by `call` alone from here (see below)
+        del conv, start  # held by `call` alone from here (see below)
         if not call.conversation.stream:  # a whole answer: made here, no hop through the responder
             client = flow.client_conn
             sink = await self.responder.serve_inline(

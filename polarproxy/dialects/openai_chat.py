@@ -166,11 +166,24 @@ class OpenAIChat:
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/chat/completions")
 
+    messages_key = "messages"  # resendable (dialects/resend.py): one Message per element of this array
+
     def parse(self, body: Any, *, path: str = "", query: dict[str, str] | None = None) -> Conversation:
         if not isinstance(body, dict):
             raise DialectError("The request body must be a JSON object.")
         raw_messages = body.get("messages")
         if not isinstance(raw_messages, list) or not raw_messages:
+            raise DialectError("messages must be a non-empty array.")
+        return self.conversation(body, [_message(m, i) for i, m in enumerate(raw_messages)])
+
+    def parse_message(self, raw: Any, i: int) -> Message:
+        """`messages[i]` of a request."""
+        return _message(raw, i)
+
+    def conversation(self, body: dict[str, Any], messages: list[Message]) -> Conversation:
+        """The conversation of a request whose `messages` parsed to `messages` (the body's other fields read
+        here; its own `messages` is not)."""
+        if not messages:
             raise DialectError("messages must be a non-empty array.")
         n = body.get("n")
         if n not in (None, 1) or isinstance(n, bool):
@@ -185,7 +198,7 @@ class OpenAIChat:
         if tool_choice is not None and not isinstance(tool_choice, str | dict):
             raise DialectError(f"tool_choice must be a string or an object, not {tool_choice!r}.")
         return Conversation(
-            messages=[_message(m, i) for i, m in enumerate(raw_messages)],
+            messages=messages,
             tools=_tools(body.get("tools")),
             sampling=Sampling(
                 max_tokens=limit,

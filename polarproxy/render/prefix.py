@@ -152,7 +152,7 @@ def _mismatch(conv: Conversation, turn: Turn) -> str | None:
     if conv.tools != prev.tools:
         return f"the tools differ from call {turn.call_id}'s"
     for i, (a, b) in enumerate(zip(conv.messages, prev.messages, strict=False)):
-        if a != b:
+        if a is not b and a != b:  # reused Messages (dialects/resend.py) are the same objects
             return f"message {i} differs from call {turn.call_id}'s (edited history, compaction or a changed system prompt)"
     if not is_returned_turn(conv.messages[n], turn.completion):
         return f"message {n} is not the assistant turn call {turn.call_id} returned"

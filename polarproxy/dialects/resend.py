@@ -1,0 +1,268 @@
+"""Harnesses resend the whole history with every call: parse only the messages a request adds.
+
+Request n+1 of an episode is, byte for byte, request n up to the end of its last message, then the new
+messages, then the same tail (`{"model": ..., "messages": [..., NEW], "tools": [...]}`). `ResentBodies`
+keeps, per episode, the last request's bytes, where its messages array sits, where each element ends, and
+the `Message`s they parsed to. The next request's array is compared with that one (memcmp, at whatever
+offset the array starts now): each element that ends inside the common bytes is the same JSON, so it is
+the same `Message`, and the earlier object is reused. Only the elements after the common bytes are scanned
+(to find where each ends) and parsed; the body's other members are parsed as a small object of their own
+(the body with its messages member cut out).
+
+The result equals the whole parse's (tests/dialects/test_resend.py holds the two equal over appended and
+edited messages, whitespace, escapes, key orders and hostile shapes). Whatever this module does not read
+plainly goes to the whole parse, which gives the authoritative conversation or error: a body that is not
+an object, a messages member that is not an array of objects, a duplicate messages key, invalid JSON, any
+DialectError.
+
+Why (issue 12, docs/benchmarks.md): at 32k tokens a request is ~78 KB and ~128 messages. Its whole parse
+and the T2 check that compares every message with the earlier call's were a third of what a long request
+cost the proxy beyond a short one. A reused `Message` is the same object as the earlier call's, so that
+check is an identity test, and the T2 index's recent calls of an episode share their messages instead of
+holding a copy of the history each.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import orjson
+
+from polarproxy.conversation import Conversation, Message
+from polarproxy.dialects.base import Dialect, DialectError
+
+# The bodies of as many episodes as the T2 index remembers (render/prefix.py MAX_EPISODES): at most one body
+# each (~78 KB at 32k tokens), while the index's recent calls share its messages.
+MAX_EPISODES = 256
+# Smaller bodies are parsed whole: this path's fixed cost (~0.03 ms: the comparison, the scan of the new
+# messages, two small parses) is what the whole parse of ~12 KB costs (measured with bench/long_context.py's
+# bodies; the whole parse of a 32k-token request's 108 KB: 0.26 ms, this path: 0.03 ms).
+MIN_BYTES = 16384
+
+_WS = re.compile(rb"[ \t\n\r]*")
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_SCALAR = re.compile(rb"[^,\]}\s]+")
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+_QUOTE, _COMMA, _COLON, _OPEN, _CLOSE, _OBJECT, _END = b'",:[]{}'
+
+
+class Resendable(Protocol):
+    """A dialect whose conversation has one message per element of one top-level array (`messages_key`)."""
+
+    name: str
+    messages_key: str
+
+    def parse(self, body: Any, *, path: str, query: dict[str, str]) -> Conversation: ...
+
+    def parse_message(self, raw: Any, i: int) -> Message: ...
+
+    def conversation(self, body: dict[str, Any], messages: list[Message]) -> Conversation: ...
+
+
+class _Unscannable(Exception):
+    """Not a shape this module reads: the whole parse decides."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Layout:
+    """Where a body's messages member sits, and what its elements parsed to."""
+
+    body: bytes
+    key_start: int  # the member's key
+    comma_before: int | None  # the comma before the member; None when it is the first member
+    array_start: int  # just past the array's '['
+    ends: list[int]  # just past each element, counted from array_start
+    close: int  # the array's ']'
+    messages: list[Message]  # what the elements parsed to
+    conversation: Conversation  # what the body parsed to
+
+
+def parse_whole(dialect: Dialect, content: bytes, *, path: str, query: dict[str, str]) -> Conversation:
+    """A request body parsed as it stands; raises DialectError."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError as e:
+        raise DialectError(f"The request body is not valid JSON: {e}.") from e
+    return dialect.parse(body, path=path, query=query)
+
+
+class ResentBodies:
+    """The last request body of each recent episode, to parse the next one's new messages only."""
+
+    def __init__(self, *, max_episodes: int = MAX_EPISODES, min_bytes: int = MIN_BYTES) -> None:
+        self.max_episodes = max_episodes
+        self.min_bytes = min_bytes
+        self._layouts: OrderedDict[str, _Layout] = OrderedDict()
+        self.reused = 0  # messages taken from an earlier body, and messages parsed, by this path (tests and
+        self.parsed = 0  # benchmarks read them)
+
+    def parse(
+        self, dialect: Dialect, episode_id: str, content: bytes, *, path: str, query: dict[str, str]
+    ) -> Conversation:
+        """`content` parsed as `dialect.parse` would (the same conversation, or the same DialectError)."""
+        key = getattr(dialect, "messages_key", None)
+        if key is None or len(content) < self.min_bytes:
+            return parse_whole(dialect, content, path=path, query=query)
+        layouts = self._layouts
+        try:
+            conv, layout, reused = _parse(dialect, key, layouts.get(episode_id), content)  # type: ignore[arg-type]
+        except (_Unscannable, IndexError, orjson.JSONDecodeError, DialectError):
+            layouts.pop(episode_id, None)
+            return parse_whole(dialect, content, path=path, query=query)
+        self.reused += reused
+        self.parsed += len(conv.messages) - reused
+        layouts[episode_id] = layout
+        layouts.move_to_end(episode_id)
+        while len(layouts) > self.max_episodes:
+            layouts.popitem(last=False)
+        return conv
+
+    def forget(self, episode_id: str) -> None:
+        self._layouts.pop(episode_id, None)
+
+
+def _parse(
+    dialect: Resendable, key: str, old: _Layout | None, content: bytes
+) -> tuple[Conversation, _Layout, int]:
+    same_head = old is not None and content.startswith(memoryview(old.body)[: old.array_start])
+    if same_head:
+        key_start, comma_before, start = old.key_start, old.comma_before, old.array_start  # type: ignore[union-attr]
+    else:
+        key_start, comma_before, start = _locate(content, key)
+    reused = 0
+    if old is not None and old.ends:
+        same = _common(content, start, memoryview(old.body)[old.array_start : old.array_start + old.ends[-1]])
+        reused = bisect_right(old.ends, same)
+    if reused:
+        first, ends, close = _elements(content, start + old.ends[reused - 1], after_element=True)  # type: ignore[union-attr]
+    else:
+        first, ends, close = _elements(content, start, after_element=False)
+    raw = orjson.loads(b"[" + content[first : close + 1]) if ends else []
+    if len(raw) != len(ends):
+        raise _Unscannable
+    parse_message = dialect.parse_message
+    messages = old.messages[:reused] if old is not None else []
+    messages += [parse_message(m, i) for i, m in enumerate(raw, reused)]
+    if (
+        same_head
+        and messages
+        and len(content) - close == len(old.body) - old.close  # type: ignore[union-attr]
+        and content.endswith(memoryview(old.body)[old.close :])  # type: ignore[union-attr]
+    ):  # the other members are the same bytes: the same tools, sampling and model (shared, never changed)
+        conv = replace(old.conversation, messages=messages)  # type: ignore[union-attr]
+    else:
+        if comma_before is not None:
+            rest = content[:comma_before] + content[close + 1 :]
+        else:
+            after = _skip(content, close + 1)
+            rest = content[:key_start] + content[after + 1 if content[after] == _COMMA else close + 1 :]
+        body = orjson.loads(rest)
+        if not isinstance(body, dict) or key in body:  # a duplicate key: the whole parse takes the last one
+            raise _Unscannable
+        conv = dialect.conversation(body, messages)
+    kept = old.ends[:reused] if old is not None else []
+    kept += [e - start for e in ends]
+    return conv, _Layout(content, key_start, comma_before, start, kept, close, list(messages), conv), reused
+
+
+def _common(new: bytes, at: int, old: memoryview) -> int:
+    """How many leading bytes of `old` are found at `new[at:]`."""
+    if new.startswith(old, at):
+        return len(old)
+    lo, hi = 0, len(old)  # old[:lo] is there, old[:hi] is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if new.startswith(old[lo:mid], at + lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _skip(buf: bytes, p: int) -> int:
+    return _WS.match(buf, p).end()  # type: ignore[union-attr]
+
+
+def _locate(buf: bytes, key: str) -> tuple[int, int | None, int]:
+    """The top-level member `key` of the object in `buf`: (where its key starts, the comma before it or
+    None, just past its array's '[')."""
+    raw_key = orjson.dumps(key)
+    p = _skip(buf, 0)
+    if buf[p] != _OBJECT:
+        raise _Unscannable
+    p = _skip(buf, p + 1)
+    comma = None
+    while True:
+        m = _STRING.match(buf, p)
+        if m is None:
+            raise _Unscannable
+        key_start, name = p, m.group()
+        p = _skip(buf, m.end())
+        if buf[p] != _COLON:
+            raise _Unscannable
+        p = _skip(buf, p + 1)
+        if name == raw_key or (b"\\" in name and orjson.loads(name) == key):
+            if buf[p] != _OPEN:
+                raise _Unscannable
+            return key_start, comma, p + 1
+        p = _skip(buf, _value_end(buf, p))
+        if buf[p] != _COMMA:
+            raise _Unscannable  # no such member: the whole parse says so
+        comma = p
+        p = _skip(buf, p + 1)
+
+
+def _value_end(buf: bytes, p: int) -> int:
+    c = buf[p]
+    if c in (_OBJECT, _OPEN):
+        return _nested_end(buf, p)
+    m = (_STRING if c == _QUOTE else _SCALAR).match(buf, p)
+    if m is None:
+        raise _Unscannable
+    return m.end()
+
+
+def _nested_end(buf: bytes, p: int) -> int:
+    """Just past the object or array that starts at buf[p]."""
+    depth = 0
+    for m in _TOKENS.finditer(buf, p):
+        c = buf[m.start()]
+        if c == _QUOTE:
+            continue
+        if c in (_OBJECT, _OPEN):
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    raise _Unscannable
+
+
+def _elements(buf: bytes, p: int, *, after_element: bool) -> tuple[int, list[int], int]:
+    """The elements of the array from `p` (just past its '[', or just past an element): where the first
+    starts, where each ends, and where the array's ']' is. Every element must be an object."""
+    ends: list[int] = []
+    p = _skip(buf, p)
+    if buf[p] == _CLOSE:
+        return p, ends, p
+    if after_element:
+        if buf[p] != _COMMA:
+            raise _Unscannable
+        p = _skip(buf, p + 1)
+    first = p
+    while True:
+        if buf[p] != _OBJECT:
+            raise _Unscannable  # a message that is not an object: the whole parse names it
+        p = _nested_end(buf, p)
+        ends.append(p)
+        p = _skip(buf, p)
+        c = buf[p]
+        if c == _CLOSE:
+            return first, ends, p
+        if c != _COMMA:
+            raise _Unscannable
+        p = _skip(buf, p + 1)
