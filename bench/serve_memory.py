@@ -18,11 +18,19 @@ What the process keeps per episode (read from the code):
   store (store/bases.py RecentCalls): the last CANDIDATES_PER_EPISODE (8) calls' committed token
     sequences packed (4 bytes a token), request body and conversation JSON, over all episodes at most
     CACHE_BYTES (128 MiB), least recently used episodes forgotten first.
+  addon (dialects/resend.py ResentBodies): the last request body of up to MAX_EPISODES (256) episodes
+    whose requests reach 16 KB, with the Messages it parsed to. The next request of the episode reuses
+    those Messages where its bytes repeat them, so the index's calls share the messages they have in common.
 
 So, with calls c of an episode (the last 8), P_c prompt tokens, B_c request body bytes, J_c conversation
-JSON bytes, M_c the retained size of its parsed Conversation (measured here with tracemalloc):
+JSON bytes, and M the retained size of the window's parsed Conversations together with the addon's last
+body (measured here with tracemalloc, parsed in order as the addon does: a message the calls share counts
+once, so M is about the last call's conversation and body when every call extends the one before):
 
-    RSS(E) ~ base + S + min(E, 256) x sum_c (4 P_c + M_c) + min(E x sum_c (4 P_c + B_c + J_c), 128 MiB)
+    RSS(E) ~ base + S + min(E, 256) x (sum_c 4 P_c + M) + min(E x sum_c (4 P_c + B_c + J_c), 128 MiB)
+
+With no message shared (every call branching from the history), M is at most sum_c M_c + B_last, M_c one
+call's conversation alone: the worst case's bound (`worst_case`).
 
 S is a one-time step reached in the first episodes (allocator arenas of the threads that render long
 prompts, SQLite's page cache, buffers), not a per-episode cost. The bench computes both per-episode terms
@@ -80,6 +88,22 @@ def conversation_bytes(body: bytes) -> tuple[int, int]:
     size = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return size, len(orjson.dumps(conv.to_dict()))
+
+
+def window_bytes(bodies: list[bytes], window: int) -> int:
+    """Retained bytes of the parsed conversations of an episode's last `window` calls as `serve` holds them:
+    parsed in order by the addon's ResentBodies (a call shares the Messages its bytes share with the call
+    before), with the last long request body it keeps."""
+    from polarproxy.dialects.openai_chat import OpenAIChat
+    from polarproxy.dialects.resend import ResentBodies
+
+    tracemalloc.start()
+    resent = ResentBodies()
+    convs = [resent.parse(OpenAIChat(), "e", bytes(b), path=CHAT_PATH, query={}) for b in bodies]
+    del convs[:-window]
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return size
 
 
 class Run:
@@ -210,13 +234,14 @@ class Run:
 def per_episode_terms(sent: list[dict[str, Any]], bounds: dict[str, int]) -> dict[str, Any]:
     """The formula's two per-episode terms, from the first episode's requests (all episodes are alike)."""
     first = [s for s in sent if s["body"] is not None]
-    last = first[-bounds["index_calls_per_episode"] :]
-    index = store = 0
+    window = bounds["index_calls_per_episode"]
+    last = first[-window:]
+    conversations = window_bytes([s["body"] for s in first], window)
+    index = conversations + sum(4 * s["prompt_tokens"] for s in last)
+    store = 0
     for s in last:
-        m, j = conversation_bytes(s["body"])
-        index += 4 * s["prompt_tokens"] + m
-        store += 4 * s["prompt_tokens"] + s["body_bytes"] + j
-    return {"index_bytes": index, "store_bytes": store, "calls": len(last),
+        store += 4 * s["prompt_tokens"] + s["body_bytes"] + conversation_bytes(s["body"])[1]
+    return {"index_bytes": index, "conversations_bytes": conversations, "store_bytes": store, "calls": len(last),
             "context_tokens": max(s["prompt_tokens"] for s in first)}  # fmt: skip
 
 
@@ -259,9 +284,10 @@ async def run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         "context_tokens": terms["context_tokens"],
     }
     per_call = terms["index_bytes"] / max(1, terms["calls"])  # an average call of this run
-    last_index = 4 * terms["context_tokens"] + conversation_bytes(next(s["body"] for s in reversed(r.sent)
-                                                                        if s["body"] is not None))[0]  # fmt: skip
-    worst["bound_mb"] = round(base + (worst["episodes"] * worst["calls_per_episode"] * last_index
+    last_body = next(s["body"] for s in reversed(r.sent) if s["body"] is not None)
+    last_index = 4 * terms["context_tokens"] + conversation_bytes(last_body)[0]
+    # no two calls of an episode sharing a message (each branches from the history), plus the last body
+    worst["bound_mb"] = round(base + (worst["episodes"] * (worst["calls_per_episode"] * last_index + len(last_body))
                                       + bounds["store_cache_bytes"]) / MIB, 1)  # fmt: skip
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
