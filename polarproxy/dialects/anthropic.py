@@ -173,19 +173,23 @@ def _messages(raw: Any) -> list[Message]:
         raise DialectError("messages must be a non-empty array.")
     out: list[Message] = []
     for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise DialectError(f"{where} must be an object.")
-        role = m.get("role")
-        if role == "user":
-            out += _user(m, where)
-        elif role == "assistant":
-            out.append(_assistant(m, where))
-        elif role == "system":
-            out.append(Message(role="system", content=_texts(m.get("content"), f"{where}.content", "\n")))
-        else:
-            raise DialectError(f"Unknown role {role!r} at {where}. Must be one of {_allowed(ROLES)}.")
+        out += _element(m, i)
     return out
+
+
+def _element(m: Any, i: int) -> list[Message]:
+    """`messages[i]`: a user turn's tool results and text, an assistant turn, or a system message."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise DialectError(f"{where} must be an object.")
+    role = m.get("role")
+    if role == "user":
+        return _user(m, where)
+    if role == "assistant":
+        return [_assistant(m, where)]
+    if role == "system":
+        return [Message(role="system", content=_texts(m.get("content"), f"{where}.content", "\n"))]
+    raise DialectError(f"Unknown role {role!r} at {where}. Must be one of {_allowed(ROLES)}.")
 
 
 def _tools(raw: Any) -> list[Tool]:
@@ -280,9 +284,23 @@ class AnthropicMessages:
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/messages")
 
+    messages_key = "messages"  # resendable (dialects/resend.py): each element is read alone
+
     def parse(self, body: Any, *, path: str = "", query: dict[str, str] | None = None) -> Conversation:
         if not isinstance(body, dict):
             raise DialectError("The request body must be a JSON object.")
+        return self._conversation(body, None)
+
+    def parse_element(self, raw: Any, i: int) -> list[Message]:
+        return _element(raw, i)
+
+    def conversation(self, body: dict[str, Any], messages: list[Message]) -> Conversation:
+        """The system prompt (when the body has one), then `messages`."""
+        return self._conversation(body, messages)
+
+    def _conversation(self, body: dict[str, Any], messages: list[Message] | None) -> Conversation:
+        """`messages`: what the body's messages gave, or None to read them here (in the same order of checks
+        as always, so that a body with several faults is refused for the same one)."""
         if body.get("max_tokens") is None:
             raise DialectError("max_tokens is required (a positive integer), as in the Anthropic API.")
         limit = max_tokens(body, "max_tokens")
@@ -296,9 +314,12 @@ class AnthropicMessages:
         if thinking is not None and not isinstance(thinking, dict):
             raise DialectError(f"thinking must be an object such as {{'type': 'enabled'}}, not {thinking!r}.")
         system = _texts(body.get("system"), "system", "\n")
-        messages = _messages(body.get("messages"))
+        if messages is None:
+            messages = _messages(body.get("messages"))
+        elif not messages:
+            raise DialectError("messages must be a non-empty array.")
         if system:
-            messages.insert(0, Message(role="system", content=system))
+            messages = [Message(role="system", content=system), *messages]
         return Conversation(
             messages=messages,
             tools=_tools(body.get("tools")),

@@ -166,7 +166,7 @@ class OpenAIChat:
     def matches(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith("/chat/completions")
 
-    messages_key = "messages"  # resendable (dialects/resend.py): one Message per element of this array
+    messages_key = "messages"  # resendable (dialects/resend.py): each element is read alone
 
     def parse(self, body: Any, *, path: str = "", query: dict[str, str] | None = None) -> Conversation:
         if not isinstance(body, dict):
@@ -176,9 +176,9 @@ class OpenAIChat:
             raise DialectError("messages must be a non-empty array.")
         return self.conversation(body, [_message(m, i) for i, m in enumerate(raw_messages)])
 
-    def parse_message(self, raw: Any, i: int) -> Message:
-        """`messages[i]` of a request."""
-        return _message(raw, i)
+    def parse_element(self, raw: Any, i: int) -> list[Message]:
+        """`messages[i]` of a request: one message."""
+        return [_message(raw, i)]
 
     def conversation(self, body: dict[str, Any], messages: list[Message]) -> Conversation:
         """The conversation of a request whose `messages` parsed to `messages` (the body's other fields read

@@ -4,16 +4,23 @@ Request n+1 of an episode is, byte for byte, request n up to the end of its last
 messages, then the same tail (`{"model": ..., "messages": [..., NEW], "tools": [...]}`). `ResentBodies`
 keeps, per episode, the last request's bytes, where its messages array sits, where each element ends, and
 the `Message`s they parsed to. The next request's array is compared with that one (memcmp, at whatever
-offset the array starts now): each element that ends inside the common bytes is the same JSON, so it is
-the same `Message`, and the earlier object is reused. Only the elements after the common bytes are scanned
-(to find where each ends) and parsed; the body's other members are parsed as a small object of their own
-(the body with its messages member cut out).
+offset the array starts now): each element that ends inside the common bytes is the same JSON, so it gives
+the same `Message`s, and the earlier objects are reused. Only the elements after the common bytes are
+scanned (to find where each ends) and parsed. The body's other members are parsed as a small object of
+their own (the body with its messages member cut out), or, when their bytes are the same as before too,
+taken from the earlier conversation (Claude Code's tools are ~74 KB of its 87 KB requests).
+
+Dialects opt in (`Resendable`) where each element of the array reads alone: OpenAI Chat Completions (one
+message an element) and Anthropic Messages (a user turn's tool results are several; the system prompt leads).
+Gemini pairs function responses with the calls of earlier turns, and Responses merges items into turns, so
+they are parsed whole. Claude Code moves its cache breakpoint to the newest message with every request, so
+there the last message of the earlier request is parsed again.
 
 The result equals the whole parse's (tests/dialects/test_resend.py holds the two equal over appended and
-edited messages, whitespace, escapes, key orders and hostile shapes). Whatever this module does not read
-plainly goes to the whole parse, which gives the authoritative conversation or error: a body that is not
-an object, a messages member that is not an array of objects, a duplicate messages key, invalid JSON, any
-DialectError.
+edited messages, whitespace, escapes, key orders, captured harness traffic and hostile shapes). Whatever this
+module does not read plainly goes to the whole parse, which gives the authoritative conversation or error:
+a body that is not an object, a messages member that is not an array of objects, a duplicate messages key,
+invalid JSON, any DialectError.
 
 Why (issue 12, docs/benchmarks.md): at 32k tokens a request is ~78 KB and ~128 messages. Its whole parse
 and the T2 check that compares every message with the earlier call's were a third of what a long request
@@ -51,16 +58,22 @@ _QUOTE, _COMMA, _COLON, _OPEN, _CLOSE, _OBJECT, _END = b'",:[]{}'
 
 
 class Resendable(Protocol):
-    """A dialect whose conversation has one message per element of one top-level array (`messages_key`)."""
+    """A dialect whose conversation's messages come from one top-level array (`messages_key`), each element
+    read alone, after any messages the body's other members lead with (a system prompt)."""
 
     name: str
     messages_key: str
 
     def parse(self, body: Any, *, path: str, query: dict[str, str]) -> Conversation: ...
 
-    def parse_message(self, raw: Any, i: int) -> Message: ...
+    def parse_element(self, raw: Any, i: int) -> list[Message]:
+        """The messages element `i` of the array stands for."""
+        ...
 
-    def conversation(self, body: dict[str, Any], messages: list[Message]) -> Conversation: ...
+    def conversation(self, body: dict[str, Any], messages: list[Message]) -> Conversation:
+        """The conversation of a body whose array's elements gave `messages` (the body's other members read
+        here, not its array): any messages they lead with, then `messages`."""
+        ...
 
 
 class _Unscannable(Exception):
@@ -78,7 +91,8 @@ class _Layout:
     ends: list[int]  # just past each element, counted from array_start
     close: int  # the array's ']'
     messages: list[Message]  # what the elements parsed to
-    conversation: Conversation  # what the body parsed to
+    counts: list[int]  # how many of them elements 0..i gave
+    conversation: Conversation  # what the body parsed to: messages it leads with, then `messages`
 
 
 def parse_whole(dialect: Dialect, content: bytes, *, path: str, query: dict[str, str]) -> Conversation:
@@ -114,7 +128,7 @@ class ResentBodies:
             layouts.pop(episode_id, None)
             return parse_whole(dialect, content, path=path, query=query)
         self.reused += reused
-        self.parsed += len(conv.messages) - reused
+        self.parsed += len(layout.messages) - reused
         layouts[episode_id] = layout
         layouts.move_to_end(episode_id)
         while len(layouts) > self.max_episodes:
@@ -144,16 +158,26 @@ def _parse(
     raw = orjson.loads(b"[" + content[first : close + 1]) if ends else []
     if len(raw) != len(ends):
         raise _Unscannable
-    parse_message = dialect.parse_message
-    messages = old.messages[:reused] if old is not None else []
-    messages += [parse_message(m, i) for i, m in enumerate(raw, reused)]
+    if reused:
+        n = old.counts[reused - 1]  # type: ignore[union-attr]
+        messages, counts = old.messages[:n], old.counts[:reused]  # type: ignore[union-attr]
+    else:
+        n, messages, counts = 0, [], []
+    parse_element = dialect.parse_element
+    for i, m in enumerate(raw, reused):
+        got = parse_element(m, i)
+        messages += got
+        n += len(got)
+        counts.append(n)
     if (
         same_head
         and messages
         and len(content) - close == len(old.body) - old.close  # type: ignore[union-attr]
         and content.endswith(memoryview(old.body)[old.close :])  # type: ignore[union-attr]
     ):  # the other members are the same bytes: the same tools, sampling and model (shared, never changed)
-        conv = replace(old.conversation, messages=messages)  # type: ignore[union-attr]
+        earlier = old.conversation  # type: ignore[union-attr]
+        lead = earlier.messages[: len(earlier.messages) - len(old.messages)]  # type: ignore[union-attr]
+        conv = replace(earlier, messages=lead + messages)
     else:
         if comma_before is not None:
             rest = content[:comma_before] + content[close + 1 :]
@@ -164,9 +188,13 @@ def _parse(
         if not isinstance(body, dict) or key in body:  # a duplicate key: the whole parse takes the last one
             raise _Unscannable
         conv = dialect.conversation(body, messages)
+        if len(conv.messages) < len(messages) or (messages and conv.messages[-1] is not messages[-1]):
+            raise _Unscannable  # not the dialect's messages last: nothing to reuse from it
     kept = old.ends[:reused] if old is not None else []
     kept += [e - start for e in ends]
-    return conv, _Layout(content, key_start, comma_before, start, kept, close, list(messages), conv), reused
+    reused_messages = counts[reused - 1] if reused else 0
+    layout = _Layout(content, key_start, comma_before, start, kept, close, list(messages), counts, conv)
+    return conv, layout, reused_messages
 
 
 def _common(new: bytes, at: int, old: memoryview) -> int:

@@ -123,3 +123,24 @@ async def test_without_a_default_episode_a_call_that_names_none_is_refused_and_n
     assert f.response.status_code == 400
     assert orjson.loads(f.response.content)["error"]["code"] == "no_episode"
     assert list(Store.open(str(db)).iter_calls()) == []
+
+
+async def test_a_long_request_that_resends_the_history_parses_only_its_new_messages(configured):
+    """dialects/resend.py in the addon: the second request repeats the first one's messages (each ~9 KB) and
+    adds two; its conversation is the whole parse's, and the repeated messages are the first call's objects."""
+    from polarproxy.dialects import OPENAI_CHAT
+    from polarproxy.dialects.resend import parse_whole
+
+    addon, _ = configured
+    history = [{"role": "system", "content": "s" * 9000}, {"role": "user", "content": "u" * 9000}]
+    later = [*history, {"role": "assistant", "content": "a" * 9000}, {"role": "user", "content": "v" * 9000}]
+    convs = []
+    for messages in (history, later):
+        body = orjson.dumps({"model": "m", "messages": messages, "stream": True})
+        assert len(body) >= addon.resent.min_bytes
+        f = chat_flow(body, path="/e/ep_long/v1/chat/completions")
+        await addon.request(f)
+        convs.append(addon.responder.pending[f.id].call.conversation)
+        assert convs[-1] == parse_whole(OPENAI_CHAT, body, path="/v1/chat/completions", query={})
+    assert (addon.resent.reused, addon.resent.parsed) == (2, 2 + 2)
+    assert convs[1].messages[0] is convs[0].messages[0] and convs[1].messages[1] is convs[0].messages[1]

@@ -12,10 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polarproxy.dialects import OPENAI_CHAT, route
+from polarproxy.dialects.anthropic import AnthropicMessages
 from polarproxy.dialects.base import DialectError
 from polarproxy.dialects.resend import ResentBodies, parse_whole
 
 PATH = "/v1/chat/completions"
+ANTHROPIC = AnthropicMessages()
 TOOLS = [
     {
         "type": "function",
@@ -28,16 +30,16 @@ TOOLS = [
 ]
 
 
-def outcome(bodies: ResentBodies, episode: str, content: bytes) -> Any:
+def outcome(bodies: ResentBodies, episode: str, content: bytes, dialect: Any = OPENAI_CHAT) -> Any:
     try:
-        return bodies.parse(OPENAI_CHAT, episode, content, path=PATH, query={})
+        return bodies.parse(dialect, episode, content, path=PATH, query={})
     except DialectError as e:
         return ("error", e.message, e.status)
 
 
-def whole(content: bytes) -> Any:
+def whole(content: bytes, dialect: Any = OPENAI_CHAT) -> Any:
     try:
-        return parse_whole(OPENAI_CHAT, content, path=PATH, query={})
+        return parse_whole(dialect, content, path=PATH, query={})
     except DialectError as e:
         return ("error", e.message, e.status)
 
@@ -187,29 +189,104 @@ SYS = json.dumps({"role": "system", "content": "x" * 100}).encode()
 USER = json.dumps({"role": "user", "content": 'hello [world] {"q"}'}).encode()
 
 
+@pytest.mark.parametrize("dialect", [OPENAI_CHAT, ANTHROPIC], ids=["openai_chat", "anthropic"])
 @pytest.mark.parametrize("template", HOSTILE)
-def test_hostile_shapes_get_the_whole_parse_answer(template: bytes):
-    content = template.replace(b"SYS", SYS).replace(b"USER", USER)
+def test_hostile_shapes_get_the_whole_parse_answer(template: bytes, dialect: Any):
+    def body(text: bytes) -> bytes:
+        text = text.replace(b"SYS", SYS).replace(b"USER", USER)
+        return text.replace(b'"model":"m"', b'"model":"m","max_tokens":8') if dialect is ANTHROPIC else text
+
+    content = body(template)
     fresh = ResentBodies(min_bytes=0)
-    assert outcome(fresh, "ep", content) == whole(content)
+    assert outcome(fresh, "ep", content, dialect) == whole(content, dialect)
     # and after a well-formed request whose bytes share its beginning
     primed = ResentBodies(min_bytes=0)
-    outcome(primed, "ep", b'{"model":"m","messages":[' + SYS + b"," + USER + b"]}")
-    assert outcome(primed, "ep", content) == whole(content)
+    outcome(primed, "ep", body(b'{"model":"m","messages":[SYS,USER]}'), dialect)
+    assert outcome(primed, "ep", content, dialect) == whole(content, dialect)
     # and again after it (what it left behind, if anything, holds)
-    follow = b'{"model":"m","messages":[' + SYS + b"," + USER + b"," + USER + b"]}"
-    assert outcome(primed, "ep", follow) == whole(follow)
+    follow = body(b'{"model":"m","messages":[SYS,USER,USER]}')
+    assert outcome(primed, "ep", follow, dialect) == whole(follow, dialect)
 
 
 def test_captured_harness_requests_parse_as_whole(traffic):
-    for harness in ("qwen", "opencode", "pi", "aider"):
+    for harness in ("qwen", "opencode", "pi", "aider", "claude", "claude-authtoken", "pi-anth"):
         bodies = ResentBodies(min_bytes=0)
+        earlier = None
+        shared_tools = 0
         for row in traffic(harness):
-            assert route(row["method"], row["path"].partition("?")[0]) is OPENAI_CHAT
+            dialect = route(row["method"], row["path"].partition("?")[0])
+            assert dialect is not None and dialect.name in ("openai_chat", "anthropic")
             content = dump(row["body"], "python" if harness == "aider" else "compact")
-            assert outcome(bodies, harness, content) == whole(content), harness
-        if harness in ("qwen", "opencode", "pi"):  # their second request resends the first one's messages
+            conv = outcome(bodies, harness, content, dialect)
+            assert conv == whole(content, dialect), harness
+            shared_tools += earlier is not None and bool(conv.tools) and conv.tools is earlier.tools
+            earlier = conv
+        if harness in ("qwen", "opencode", "pi"):  # later requests resend earlier messages
             assert bodies.reused > 0, harness
+        # Claude Code and Pi over Anthropic move their cache breakpoint off the first request's only user
+        # message, so the second shares no whole message with it (a longer loop does: the test below); Claude
+        # Code's third request shares the tools (~74 KB of its 87 KB)
+        if harness == "claude":
+            assert shared_tools == 1
+
+
+def claude_request(turns: int) -> dict[str, Any]:
+    """Claude Code's shape: system blocks, tools, and a cache breakpoint on the last message, which moves
+    to the new last message with every request."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "Fix the test."}]}
+    ]
+    for i in range(turns):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": f"Look at f{i}.", "signature": f"sig{i}"},
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_{i}",
+                        "name": "Bash",
+                        "input": {"command": f"cat f{i}"},
+                    },
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"x{i}" * 50}],
+            }
+        )
+    last = messages[-1]["content"][-1]
+    messages[-1] = {
+        **messages[-1],
+        "content": [*messages[-1]["content"][:-1], {**last, "cache_control": {"type": "ephemeral"}}],
+    }
+    return {
+        "model": "claude",
+        "messages": messages,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "Bash", "description": "Run a command.", "input_schema": {"type": "object"}}],
+        "max_tokens": 32000,
+        "stream": True,
+    }
+
+
+def test_an_anthropic_loop_reuses_all_but_the_message_whose_cache_breakpoint_moved():
+    bodies = ResentBodies(min_bytes=0)
+    earlier = None
+    for n in range(1, 8):
+        content = dump(claude_request(n))
+        conv = outcome(bodies, "ep", content, ANTHROPIC)
+        assert conv == whole(content, ANTHROPIC)
+        assert conv.messages[0].role == "system"
+        if earlier is not None:  # the system prompt, then every message before the earlier last one
+            same = len(earlier.messages) - 1
+            assert all(a is b for a, b in zip(conv.messages[:same], earlier.messages, strict=False))
+            assert conv.messages[same] is not earlier.messages[same]
+            assert conv.tools is earlier.tools
+        earlier = conv
+    assert bodies.reused == sum(2 * (n - 1) for n in range(2, 8))  # all but the earlier last element
 
 
 # -- any sequence of requests -----------------------------------------------------------------------
