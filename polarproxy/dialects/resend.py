@@ -42,9 +42,12 @@ import orjson
 from polarproxy.conversation import Conversation, Message
 from polarproxy.dialects.base import Dialect, DialectError
 
-# The bodies of as many episodes as the T2 index remembers (render/prefix.py MAX_EPISODES): at most one body
-# each (~78 KB at 32k tokens), while the index's recent calls share its messages.
+# The bodies of as many episodes as the T2 index remembers (render/prefix.py MAX_EPISODES), one for each
+# conversation an episode interleaves, up to BODIES_PER_EPISODE (~78 KB each at 32k tokens), and at most
+# MAX_BYTES in all. The index's recent calls share their messages.
 MAX_EPISODES = 256
+BODIES_PER_EPISODE = 4
+MAX_BYTES = 64 * 1024 * 1024
 # Smaller bodies are parsed whole: this path's fixed cost (~0.03 ms: the comparison, the scan of the new
 # messages, two small parses) is what the whole parse of ~12 KB costs (measured with bench/long_context.py's
 # bodies; the whole parse of a 32k-token request's 108 KB: 0.26 ms, this path: 0.03 ms).
@@ -105,14 +108,33 @@ def parse_whole(dialect: Dialect, content: bytes, *, path: str, query: dict[str,
 
 
 class ResentBodies:
-    """The last request body of each recent episode, to parse the next one's new messages only."""
+    """The last long request bodies of each recent episode, to parse the next one's new messages only.
 
-    def __init__(self, *, max_episodes: int = MAX_EPISODES, min_bytes: int = MIN_BYTES) -> None:
+    An episode may interleave conversations (a harness's subagents, its side calls), so up to
+    `per_episode` bodies are kept for each: a request is read against the one it shares the most messages
+    with, and its body takes that one's place (or the oldest's, when it shares none). Bounded by episodes
+    (least recently used forgotten first) and by the bytes of the bodies kept."""
+
+    def __init__(
+        self,
+        *,
+        max_episodes: int = MAX_EPISODES,
+        per_episode: int = BODIES_PER_EPISODE,
+        max_bytes: int = MAX_BYTES,
+        min_bytes: int = MIN_BYTES,
+    ) -> None:
         self.max_episodes = max_episodes
+        self.per_episode = per_episode
+        self.max_bytes = max_bytes
         self.min_bytes = min_bytes
-        self._layouts: OrderedDict[str, _Layout] = OrderedDict()
+        self._layouts: OrderedDict[str, list[_Layout]] = OrderedDict()
+        self._bytes = 0  # of the bodies kept
         self.reused = 0  # messages taken from an earlier body, and messages parsed, by this path (tests and
         self.parsed = 0  # benchmarks read them)
+
+    @property
+    def bytes_kept(self) -> int:
+        return self._bytes
 
     def parse(
         self, dialect: Dialect, episode_id: str, content: bytes, *, path: str, query: dict[str, str]
@@ -121,46 +143,57 @@ class ResentBodies:
         key = getattr(dialect, "messages_key", None)
         if key is None or len(content) < self.min_bytes:
             return parse_whole(dialect, content, path=path, query=query)
-        layouts = self._layouts
+        kept = self._layouts.get(episode_id, [])
         try:
-            conv, layout, reused = _parse(dialect, key, layouts.get(episode_id), content)  # type: ignore[arg-type]
+            conv, layout, reused, base = _parse(dialect, key, kept, content)  # type: ignore[arg-type]
         except (_Unscannable, IndexError, orjson.JSONDecodeError, DialectError):
-            layouts.pop(episode_id, None)
-            return parse_whole(dialect, content, path=path, query=query)
+            return parse_whole(dialect, content, path=path, query=query)  # what is kept stays valid
         self.reused += reused
         self.parsed += len(layout.messages) - reused
-        layouts[episode_id] = layout
-        layouts.move_to_end(episode_id)
-        while len(layouts) > self.max_episodes:
-            layouts.popitem(last=False)
+        self._keep(episode_id, [layout, *(k for i, k in enumerate(kept) if i != base)][: self.per_episode])
         return conv
 
-    def forget(self, episode_id: str) -> None:
-        self._layouts.pop(episode_id, None)
+    def _keep(self, episode_id: str, kept: list[_Layout]) -> None:
+        layouts = self._layouts
+        self._bytes += sum(len(k.body) for k in kept) - sum(len(k.body) for k in layouts.get(episode_id, ()))
+        layouts[episode_id] = kept
+        layouts.move_to_end(episode_id)
+        while len(layouts) > 1 and (len(layouts) > self.max_episodes or self._bytes > self.max_bytes):
+            _, gone = layouts.popitem(last=False)
+            self._bytes -= sum(len(k.body) for k in gone)
 
 
 def _parse(
-    dialect: Resendable, key: str, old: _Layout | None, content: bytes
-) -> tuple[Conversation, _Layout, int]:
-    same_head = old is not None and content.startswith(memoryview(old.body)[: old.array_start])
-    if same_head:
-        key_start, comma_before, start = old.key_start, old.comma_before, old.array_start  # type: ignore[union-attr]
-    else:
-        key_start, comma_before, start = _locate(content, key)
-    reused = 0
-    if old is not None and old.ends:
-        same = _common(content, start, memoryview(old.body)[old.array_start : old.array_start + old.ends[-1]])
-        reused = bisect_right(old.ends, same)
-    if reused:
-        first, ends, close = _elements(content, start + old.ends[reused - 1], after_element=True)  # type: ignore[union-attr]
+    dialect: Resendable, key: str, kept: list[_Layout], content: bytes
+) -> tuple[Conversation, _Layout, int, int | None]:
+    """The conversation, its layout, how many messages it reused, and which of `kept` it reused them from."""
+    where = next(
+        (
+            (k.key_start, k.comma_before, k.array_start)
+            for k in kept
+            if content.startswith(memoryview(k.body)[: k.array_start])
+        ),
+        None,
+    )
+    key_start, comma_before, start = where if where is not None else _locate(content, key)
+    base, reused = None, 0
+    for i, k in enumerate(kept):
+        if k.ends and len(k.ends) > reused:
+            same = _common(content, start, memoryview(k.body)[k.array_start : k.array_start + k.ends[-1]])
+            n = bisect_right(k.ends, same)
+            if n > reused:
+                base, reused = i, n
+    old = kept[base] if base is not None else None
+    if old is not None:
+        first, ends, close = _elements(content, start + old.ends[reused - 1], after_element=True)
     else:
         first, ends, close = _elements(content, start, after_element=False)
     raw = orjson.loads(b"[" + content[first : close + 1]) if ends else []
     if len(raw) != len(ends):
         raise _Unscannable
-    if reused:
-        n = old.counts[reused - 1]  # type: ignore[union-attr]
-        messages, counts = old.messages[:n], old.counts[:reused]  # type: ignore[union-attr]
+    if old is not None:
+        n = old.counts[reused - 1]
+        messages, counts = old.messages[:n], old.counts[:reused]
     else:
         n, messages, counts = 0, [], []
     parse_element = dialect.parse_element
@@ -169,14 +202,16 @@ def _parse(
         messages += got
         n += len(got)
         counts.append(n)
+    prev = old if old is not None else (kept[0] if kept else None)  # the latest, when none shares messages
     if (
-        same_head
+        prev is not None
         and messages
-        and len(content) - close == len(old.body) - old.close  # type: ignore[union-attr]
-        and content.endswith(memoryview(old.body)[old.close :])  # type: ignore[union-attr]
+        and len(content) - close == len(prev.body) - prev.close
+        and content.endswith(memoryview(prev.body)[prev.close :])
+        and content.startswith(memoryview(prev.body)[: prev.array_start])
     ):  # the other members are the same bytes: the same tools, sampling and model (shared, never changed)
-        earlier = old.conversation  # type: ignore[union-attr]
-        lead = earlier.messages[: len(earlier.messages) - len(old.messages)]  # type: ignore[union-attr]
+        earlier = prev.conversation
+        lead = earlier.messages[: len(earlier.messages) - len(prev.messages)]
         conv = replace(earlier, messages=lead + messages)
     else:
         if comma_before is not None:
@@ -190,11 +225,10 @@ def _parse(
         conv = dialect.conversation(body, messages)
         if len(conv.messages) < len(messages) or (messages and conv.messages[-1] is not messages[-1]):
             raise _Unscannable  # not the dialect's messages last: nothing to reuse from it
-    kept = old.ends[:reused] if old is not None else []
-    kept += [e - start for e in ends]
-    reused_messages = counts[reused - 1] if reused else 0
-    layout = _Layout(content, key_start, comma_before, start, kept, close, list(messages), counts, conv)
-    return conv, layout, reused_messages
+    offsets = old.ends[:reused] if old is not None else []
+    offsets += [e - start for e in ends]
+    layout = _Layout(content, key_start, comma_before, start, offsets, close, list(messages), counts, conv)
+    return conv, layout, counts[reused - 1] if reused else 0, base
 
 
 def _common(new: bytes, at: int, old: memoryview) -> int:

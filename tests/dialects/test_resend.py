@@ -151,6 +151,39 @@ def test_episodes_are_kept_apart_and_bounded():
     assert bodies.reused == len(history(2))
 
 
+def test_interleaved_conversations_of_one_episode_each_reuse_their_own():
+    """A harness's subagent runs its own conversation in the same episode, between the main agent's calls."""
+    bodies = ResentBodies(min_bytes=0)
+    other = [
+        {"role": "system", "content": "You are a search subagent."},
+        {"role": "user", "content": "Find x."},
+    ]
+    for n in range(1, 6):
+        for msgs in (history(n), other + [m for i in range(n) for m in turn(100 + i)]):
+            content = dump({"model": "m", "messages": msgs, "tools": TOOLS})
+            assert outcome(bodies, "ep", content) == whole(content)
+    # each conversation's first request is parsed whole (2 + 2 messages each), then 2 new messages a call
+    assert bodies.parsed == 2 * (4 + 2 * 4)
+    single = ResentBodies(min_bytes=0, per_episode=1)  # one body an episode: each request misses
+    for n in range(1, 4):
+        for msgs in (history(n), other + [m for i in range(n) for m in turn(100 + i)]):
+            outcome(single, "ep", dump({"model": "m", "messages": msgs, "tools": TOOLS}))
+    assert single.reused == 0
+
+
+def test_the_bodies_kept_are_bounded_in_bytes():
+    content = dump({"model": "m", "messages": history(4)})
+    bodies = ResentBodies(min_bytes=0, max_bytes=2 * len(content) + 10)
+    for ep in ("a", "b", "c", "d"):
+        outcome(bodies, ep, content)
+        assert bodies.bytes_kept <= bodies.max_bytes
+    assert bodies.bytes_kept == 2 * len(content)  # the two latest episodes
+    outcome(bodies, "d", dump({"model": "m", "messages": history(5)}))
+    assert bodies.reused == len(history(4))
+    outcome(bodies, "a", dump({"model": "m", "messages": history(5)}))
+    assert bodies.reused == len(history(4))  # 'a' was forgotten
+
+
 def test_small_bodies_are_parsed_whole():
     bodies = ResentBodies()  # the default threshold
     content = dump({"model": "m", "messages": history(1)})
