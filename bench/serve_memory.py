@@ -18,8 +18,9 @@ What the process keeps per episode (read from the code):
   store (store/bases.py RecentCalls): the last CANDIDATES_PER_EPISODE (8) calls' committed token
     sequences packed (4 bytes a token), request body and conversation JSON, over all episodes at most
     CACHE_BYTES (128 MiB), least recently used episodes forgotten first.
-  addon (dialects/resend.py ResentBodies): the last request body of up to MAX_EPISODES (256) episodes
-    whose requests reach 16 KB, with the Messages it parsed to. The next request of the episode reuses
+  addon (dialects/resend.py ResentBodies): the last request body (16 KB and up) of each conversation of up
+    to MAX_EPISODES (256) episodes, at most BODIES_PER_EPISODE (4) an episode and MAX_BYTES (64 MiB) in all,
+    with the Messages they parsed to. The next request of the episode reuses
     those Messages where its bytes repeat them, so the index's calls share the messages they have in common.
 
 So, with calls c of an episode (the last 8), P_c prompt tokens, B_c request body bytes, J_c conversation
@@ -29,8 +30,9 @@ once, so M is about the last call's conversation and body when every call extend
 
     RSS(E) ~ base + S + min(E, 256) x (sum_c 4 P_c + M) + min(E x sum_c (4 P_c + B_c + J_c), 128 MiB)
 
-With no message shared (every call branching from the history), M is at most sum_c M_c + B_last, M_c one
-call's conversation alone: the worst case's bound (`worst_case`).
+With no message shared (every call branching from the history), M is at most sum_c M_c, M_c one call's
+conversation alone, and the kept bodies add at most min(E x 4 x B, 64 MiB): the worst case's bound
+(`worst_case`).
 
 S is a one-time step reached in the first episodes (allocator arenas of the threads that render long
 prompts, SQLite's page cache, buffers), not a per-episode cost. The bench computes both per-episode terms
@@ -66,6 +68,7 @@ MIB = 1024 * 1024
 
 
 def index_bounds() -> dict[str, int]:
+    from polarproxy.dialects.resend import BODIES_PER_EPISODE, MAX_BYTES
     from polarproxy.render.prefix import CALLS_PER_EPISODE, MAX_EPISODES
     from polarproxy.store.bases import CACHE_BYTES, CANDIDATES_PER_EPISODE
 
@@ -74,6 +77,8 @@ def index_bounds() -> dict[str, int]:
         "index_max_episodes": MAX_EPISODES,
         "store_calls_per_episode": CANDIDATES_PER_EPISODE,
         "store_cache_bytes": CACHE_BYTES,
+        "resent_bodies_per_episode": BODIES_PER_EPISODE,
+        "resent_max_bytes": MAX_BYTES,
     }
 
 
@@ -286,8 +291,11 @@ async def run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     per_call = terms["index_bytes"] / max(1, terms["calls"])  # an average call of this run
     last_body = next(s["body"] for s in reversed(r.sent) if s["body"] is not None)
     last_index = 4 * terms["context_tokens"] + conversation_bytes(last_body)[0]
-    # no two calls of an episode sharing a message (each branches from the history), plus the last body
-    worst["bound_mb"] = round(base + (worst["episodes"] * (worst["calls_per_episode"] * last_index + len(last_body))
+    # no two calls of an episode sharing a message (each branches from the history), plus the addon's bodies
+    kept = min(
+        worst["episodes"] * bounds["resent_bodies_per_episode"] * len(last_body), bounds["resent_max_bytes"]
+    )
+    worst["bound_mb"] = round(base + (worst["episodes"] * worst["calls_per_episode"] * last_index + kept
                                       + bounds["store_cache_bytes"]) / MIB, 1)  # fmt: skip
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
