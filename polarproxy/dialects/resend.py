@@ -64,10 +64,7 @@ class Resendable(Protocol):
     """A dialect whose conversation's messages come from one top-level array (`messages_key`), each element
     read alone, after any messages the body's other members lead with (a system prompt)."""
 
-    name: str
     messages_key: str
-
-    def parse(self, body: Any, *, path: str, query: dict[str, str]) -> Conversation: ...
 
     def parse_element(self, raw: Any, i: int) -> list[Message]:
         """The messages element `i` of the array stands for."""
