@@ -73,6 +73,11 @@ class Sink(Protocol):
         """Queue bytes without waiting for the peer (keep-alives from a timer)."""
         ...
 
+    def prepare_head(self, status: int, headers: dict[str, str]) -> None:
+        """The head this answer will most likely begin with, told while the backend computes the first
+        token, so that a sink can make it ahead (`head` with other values still works). Nothing is sent."""
+        return None
+
 
 def _abort_reason(e: asyncio.CancelledError) -> str:
     """A cancelled call's recorded error: the proxy stopping (`Responder.stop` cancels with `STOPPING`), or
@@ -281,6 +286,7 @@ class _CallRun:
         self.started = False  # response head sent
         self.body_parts: list[bytes] = []
         self._writer: StreamWriter | None = None
+        self._decoder: OutputDecoder | None = None  # a stream's (`stream`)
         self._last_send = 0.0
         self._keepalive: asyncio.TimerHandle | None = None
 
@@ -520,6 +526,14 @@ class _CallRun:
         await self._finish_ok(completion, body)
         await self._respond(200, body)
 
+    def _prepare_stream(self, stops: list[str], head: dict[str, str]) -> None:
+        """The output decoder (unless chat mode, where the prompt IDs come with the first chunk) and the
+        stream's likely head, made while the backend computes the first token."""
+        if self._decoder is None and not is_chat_mode(self.gw.backend):
+            self._decoder = self.gw.decoder(self.call.conversation, self.prompt_ids, stops)
+        if not self.started:
+            self.sink.prepare_head(200, head)
+
     async def stream(self) -> None:
         gw = self.gw
         conv = self.call.conversation
@@ -531,16 +545,19 @@ class _CallRun:
             created=self.created,
             prompt_tokens=len(self.prompt_ids),
         )
-        decoder: OutputDecoder | None = None  # made at the first chunk: chat mode learns the prompt IDs there
+        head = {"content-type": writer.content_type, "cache-control": "no-cache"}
+        # What the first chunk needs is made while the backend computes it: this runs once the request is
+        # sent (the task's first wait) and before any chunk is read.
+        ahead = asyncio.get_running_loop().call_soon(self._prepare_stream, params.stop, head)
         try:
             async for gen in self._generate(params, stream=True):
                 self.gen = gen
-                if decoder is None:
-                    decoder = gw.decoder(conv, self.prompt_ids, params.stop)
-                events = decoder.push(gw.shown_ids(gen, gen.new_ids))
+                if self._decoder is None:  # chat mode: the prompt IDs came with this chunk
+                    self._decoder = gw.decoder(conv, self.prompt_ids, params.stop)
+                events = self._decoder.push(gw.shown_ids(gen, gen.new_ids))
                 if not self.started:  # the stream's opening and its first content go out as one write
                     self.first_token_at = time.perf_counter()
-                    await self._head(200, {"content-type": writer.content_type, "cache-control": "no-cache"})
+                    await self._head(200, head)
                     await self._send(writer.start() + (writer.events(events) if events else b""))
                     self._arm_keepalive()
                 elif events:
@@ -549,8 +566,10 @@ class _CallRun:
             self._stop_keepalive()
             await self._backend_failed(e)
             return
+        finally:
+            ahead.cancel()
         self._stop_keepalive()
-        gen = self.gen
+        gen, decoder = self.gen, self._decoder
         assert gen is not None and gen.finish_reason is not None and decoder is not None
         events, completion = decoder.flush(_finish_reason(gen), self._usage(), gen.matched_stop)
         completion.signature = answer_signature(self.response_id)

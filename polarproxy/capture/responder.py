@@ -101,6 +101,8 @@ class Target(Sink, Protocol):
 
     async def drain(self) -> None: ...
 
+    def prepare_head(self, status: int, headers: dict[str, str]) -> None: ...
+
 
 class HandoffSink(Sink):
     """A streamed answer begun before mitmproxy's connection to the responder is there: buffered until
@@ -109,12 +111,19 @@ class HandoffSink(Sink):
     def __init__(self) -> None:
         self._target: Target | None = None
         self._head: tuple[int, dict[str, str]] | None = None
+        self._prepared: tuple[int, dict[str, str]] | None = None
         self._data: list[bytes] = []
         self._end = False
 
     @property
     def ended(self) -> bool:
         return self._target.ended if self._target is not None else False
+
+    def prepare_head(self, status: int, headers: dict[str, str]) -> None:
+        if self._target is not None:
+            self._target.prepare_head(status, headers)
+        else:
+            self._prepared = (status, headers)
 
     async def head(self, status: int, headers: dict[str, str]) -> None:
         if self._target is not None:
@@ -149,7 +158,9 @@ class HandoffSink(Sink):
                 target.send_nowait(data)
             if self._end:
                 target.end_nowait()
-        self._head, self._data = None, []
+        elif self._prepared is not None:
+            target.prepare_head(*self._prepared)
+        self._head, self._prepared, self._data = None, None, []
         self._target = target
 
     async def attach(self, target: Target) -> None:

@@ -3,6 +3,9 @@ same bytes to the harness, the same records; where the layer cannot be installed
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import httpx
 import orjson
 import pytest
@@ -110,3 +113,139 @@ def test_a_stream_that_is_no_longer_parked_when_mitmproxy_asks_for_it_gets_a_404
         assert (r.status_code, r.content) == (404, b"")
         monkeypatch.undo()
         assert stream_text(client, proxy.url) == "one two three"  # the same connection serves on
+
+
+def test_a_streams_head_is_made_while_the_backend_computes_the_first_token(
+    make_stub, make_proxy, monkeypatch
+):
+    """The head's mitmproxy event is made ahead (`prepare_head`), not on the way to the first token, and
+    goes to mitmproxy with the first content."""
+    from polarproxy.backends.stub import StubBackend
+
+    seen: list[str] = []
+    make_event, give, stream = (
+        inprocess.LayerSink._head_event,
+        inprocess.LayerSink.head_nowait,
+        StubBackend._stream,
+    )
+
+    def making(self, status, headers):
+        seen.append("head made")
+        return make_event(self, status, headers)
+
+    def giving(self, status, headers):
+        seen.append("head given")
+        give(self, status, headers)
+
+    async def stub_stream(self, w, make):
+        def first(n, last):
+            if n == 1:
+                seen.append("first token")
+            return make(n, last)
+
+        return await stream(self, w, first)
+
+    batches: list[list[str]] = []
+    drain = inprocess.LayerSink.drain
+
+    async def draining(self):
+        batches.append([type(part).__name__ for part in self._queue])
+        await drain(self)
+
+    monkeypatch.setattr(inprocess.LayerSink, "_head_event", making)
+    monkeypatch.setattr(inprocess.LayerSink, "head_nowait", giving)
+    monkeypatch.setattr(inprocess.LayerSink, "drain", draining)
+    monkeypatch.setattr(StubBackend, "_stream", stub_stream)
+    proxy = make_proxy(make_stub("one two three", first_token_ms=200).url)
+    with httpx.Client(timeout=30) as client:
+        assert stream_text(client, proxy.url) == "one two three"
+    assert seen == ["head made", "first token", "head given"]
+    # the head and the first content reach mitmproxy together (one pass, one wake-up of the harness)
+    assert next(b for b in batches if b) == ["ResponseHeaders", "ResponseData"]
+
+
+class _Event:
+    def __init__(self, status: int, headers: dict[str, str], end: bool) -> None:
+        self.status, self.headers, self.end = status, headers, end
+        self.response = type("Response", (), {"timestamp_start": 0.0})()
+
+
+def _layer_sink() -> inprocess.LayerSink:
+    parts = inprocess._Parts(
+        head=lambda sid, status, headers, end: _Event(status, headers, end),
+        data=lambda sid, data: ("data", data),
+        end=lambda sid: ("end",),
+        failed=lambda sid, message: ("failed", message),
+        inject=lambda server, event: event,
+    )
+    context = type("Context", (), {"client": object(), "server": object()})()
+    return inprocess.LayerSink(None, context, 1, parts)  # type: ignore[arg-type]
+
+
+def test_a_prepared_head_is_used_only_when_the_head_is_that_one():
+    stream = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+    sink = _layer_sink()
+    sink.prepare_head(200, stream)
+    made = sink._prepared[2]  # type: ignore[index]
+    sink.head_nowait(200, dict(stream))
+    (given,) = sink._queue
+    assert given is made and given.response.timestamp_start > 0
+    assert given.headers == {**stream, "transfer-encoding": "chunked"}
+
+    sink = _layer_sink()
+    sink.prepare_head(200, stream)
+    sink.head_nowait(503, {"content-type": "application/json", "content-length": "2"})  # an error instead
+    (given,) = sink._queue
+    assert (given.status, given.headers["content-length"], given.end) == (503, "2", False)
+    sink.prepare_head(200, stream)  # too late: the head was given
+    assert sink._prepared is None
+
+
+def test_a_head_prepared_before_mitmproxy_asks_for_the_stream_is_handed_on_with_it():
+    stream = {"content-type": "text/event-stream"}
+    early = responder_module.HandoffSink()
+    early.prepare_head(200, stream)
+    target = _layer_sink()
+    early.attach_nowait(target)
+    assert target._prepared is not None and target._prepared[:2] == (200, stream)
+    assert not target._queue  # nothing to send yet
+
+    given = responder_module.HandoffSink()
+    given.prepare_head(200, stream)
+    asyncio.run(given.head(502, {"content-length": "0"}))  # the head came first: it goes, the guess does not
+    target = _layer_sink()
+    given.attach_nowait(target)
+    assert target._prepared is None
+    (head,) = target._queue
+    assert head.status == 502
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
+def test_a_streams_head_and_first_content_reach_the_harness_together_and_the_connection_is_uncorked(
+    make_stub, make_proxy
+):
+    """One segment: the harness is not woken by a head whose content is still to come (capture/inprocess.py
+    corks its connection until both are written), and later writes are not held back."""
+    proxy = make_proxy(make_stub("one two three four", first_token_ms=20, per_token_ms=20).url)
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = orjson.dumps(BODY)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        for _ in range(5):  # answers after the first on the same connection too
+            s.sendall(
+                b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (CHAT.encode(), len(body), body)
+            )
+            first = s.recv(1 << 20)
+            assert first.startswith(b"HTTP/1.1 200") and b'"content":"one' in first
+            handlers = list(proxy.proxy.recorder.responder.connections.values())
+            (corks,) = {
+                h.transports[h.client]
+                .writer.get_extra_info("socket")
+                .getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK)
+                for h in handlers
+            }
+            assert corks == 0  # uncorked right after: the next tokens are not held back
+            rest = b""
+            while not rest.endswith(b"0\r\n\r\n"):
+                rest += s.recv(1 << 20)
+            assert b"[DONE]" in rest
