@@ -279,9 +279,19 @@ class Recorder:
         req.headers["host"] = f"127.0.0.1:{self.responder.port}"
         req.content = b""
 
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if META_KEY in flow.metadata and flow.response is not None:
-            flow.response.stream = True  # pass the answer through as the gateway writes it
+    async def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if META_KEY not in flow.metadata or flow.response is None:
+            return
+        if self.responder is not None and self.responder.held:  # a stream's head given ahead: wait for it
+            client = flow.client_conn
+            response = await self.responder.hold_head(
+                flow.request.path, flow.response, lambda: not (client.state & ConnectionState.CAN_READ)
+            )
+            if response is None:  # the answer ended without a head, or the harness hung up
+                flow.kill()
+                return
+            flow.response = response
+        flow.response.stream = True  # pass the answer through as the gateway writes it
 
     def error(self, flow: http.HTTPFlow) -> None:
         if META_KEY in flow.metadata and self.responder is not None:

@@ -19,6 +19,10 @@ a new server connection) is replaced, for the addresses registered here only, by
 `InProcessServer` instead of opening a socket (`install`). Where this mitmproxy lacks what that needs,
 `install` returns False and streams take the loopback hop as before. The figures that chose this are in
 docs/benchmarks.md ("Issue 12, fourteenth round").
+
+A stream's head is given to mitmproxy before the first token, held by its `responseheaders` hook until
+the answer's real head is known (`HeldHead`; docs/how-it-works.md), and the head and first content reach
+the harness in one segment (`LayerSink.drain`): "Issue 12, twentieth round".
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Endpoint(Protocol):
     # mitmproxy's client connection handlers by client connection ID (Proxyserver.connections)
     connections: Mapping[str, Any]
     background: set[asyncio.Task[None]]  # injections no caller waits for (held here until done)
+    held: dict[str, HeldHead]  # heads given to mitmproxy ahead of their answers, by the key of the stream
 
     def claim(self, path: str, sink: LayerSink) -> bool:
         """Begin passing the stream parked under `path` (what mitmproxy requests) to `sink`; False when
@@ -121,7 +126,7 @@ def _install() -> bool:
                             self.sinks.pop(sid)
                         yield ReceiveHttp(part)
             elif isinstance(event, RequestHeaders):
-                sink = LayerSink(self.endpoint, self.context, event.stream_id, parts)
+                sink = LayerSink(self.endpoint, self.context, event.stream_id, parts, event.request.path)
                 self.sinks[event.stream_id] = sink
                 if not self.endpoint.claim(event.request.path, sink):  # not parked (aborted meanwhile): 404
                     sink.head_nowait(404, {"content-length": "0"})
@@ -130,7 +135,7 @@ def _install() -> bool:
             elif isinstance(event, RequestProtocolError):  # the harness went away mid-answer
                 sink = self.sinks.pop(event.stream_id, None)
                 if sink is not None:
-                    sink.closed = True
+                    sink.close()
             # request data, its end and trailers carry nothing (the addon emptied the body); a
             # ConnectionClosed never comes: nothing closes this connection but the client's handler
             yield from ()
@@ -180,13 +185,33 @@ class _Parts:
     inject: Callable[[Any, list[Any]], Any]
 
 
+class HeldHead:
+    """A stream's head given to mitmproxy before its answer's head is known (`LayerSink.prepare_head`):
+    mitmproxy runs the head's hook while the backend works, and the hook waits on `decided` (see
+    `Responder.hold_head`) for the response to send: this head, another one (an error instead), or None
+    when the answer ended without a head (the flow is then killed). Nothing reaches the harness before."""
+
+    __slots__ = ("decided", "response")
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+        self.decided: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def give(self, response: Any) -> None:
+        if not self.decided.done():
+            self.decided.set_result(response)
+
+
 class LayerSink:
     """A streamed answer as mitmproxy events for one stream of an in-process connection (the responder's
     `ChunkedSink`, without the bytes). Parts are injected in order; `send`/`end`/`drain` wait until they
     are through mitmproxy and the harness's connection has room."""
 
-    def __init__(self, endpoint: Endpoint, context: Any, stream_id: int, parts: _Parts) -> None:
+    def __init__(
+        self, endpoint: Endpoint, context: Any, stream_id: int, parts: _Parts, key: str | None = None
+    ) -> None:
         self._endpoint = endpoint
+        self.key = key  # the stream's name in `endpoint.held` (None: its head is not given ahead)
         self._client, self._server, self._sid, self._parts = context.client, context.server, stream_id, parts
         self._queue: list[Any] = []
         self._lock = asyncio.Lock()
@@ -195,7 +220,8 @@ class LayerSink:
         self._task: asyncio.Task[None] | None = None
         self._prepared: tuple[int, dict[str, str], Any] | None = None  # (status, headers, head event)
         self._headed = False
-        self._head_given: Any = None  # the head's event, once given
+        self._held: HeldHead | None = None
+        self._cork = False  # the next injection is the head's (see `drain`)
 
     # -- the Sink interface (capture/gateway.py) and HandoffSink's target interface (capture/responder.py)
 
@@ -206,10 +232,17 @@ class LayerSink:
         return self._parts.head(self._sid, status, headers, end)  # an end follows even then
 
     def prepare_head(self, status: int, headers: dict[str, str]) -> None:
-        """Make the head's event ahead: mitmproxy's `Response` checks the type of every field it is made
-        with (~0.04 ms warm, ~0.15 ms on a core that was idle), on the way to the first token otherwise."""
-        if self._prepared is None and not self._headed:
-            self._prepared = (status, headers, self._head_event(status, headers))
+        """Make the head's event ahead, and with a `key`, give it to mitmproxy now, held (`HeldHead`): what
+        mitmproxy does with a head (its checks, the `responseheaders` hook of every addon; ~0.3 ms on a
+        core that was idle) is then done while the backend works, not on the way to the first token."""
+        if self._prepared is not None or self._headed:
+            return
+        event = self._head_event(status, headers)
+        self._prepared = (status, headers, event)
+        if self.key is not None and not (self._queue or self.ended or self.closed):
+            self._held = self._endpoint.held[self.key] = HeldHead(event.response)
+            self._queue.append(event)
+            self.flush_soon()
 
     def head_nowait(self, status: int, headers: dict[str, str]) -> None:
         prepared, self._prepared, self._headed = self._prepared, None, True
@@ -218,8 +251,11 @@ class LayerSink:
             event.response.timestamp_start = time.time()  # when the head was given, as if made now
         else:
             event = self._head_event(status, headers)
-        self._queue.append(event)
-        self._head_given = event
+        self._cork = True
+        if self._held is not None:  # mitmproxy has a head already, held by its hook: send this response
+            self._held.give(event.response)
+        else:
+            self._queue.append(event)
 
     def _put_data(self, data: bytes) -> None:
         if self.closed:
@@ -247,9 +283,17 @@ class LayerSink:
         self.end_nowait()
         await self.drain()
 
+    def close(self) -> None:
+        """The harness hung up: what is sent from now on is dropped (and a held head is not waited for)."""
+        self.closed = True
+        if self._held is not None and self.key is not None:
+            self._endpoint.held.pop(self.key, None)  # its hook may never run: the stream is errored
+
     def fail(self, message: str) -> None:
         """End the stream as failed (the harness's connection is closed): serving stopped before the end."""
         if not self.ended:
+            if self._held is not None:
+                self._held.give(None)  # no head was given: the hook kills the flow (else a no-op)
             self._queue.append(self._parts.failed(self._sid, message))
             self.ended = True
             self.flush_soon()
@@ -274,21 +318,22 @@ class LayerSink:
             handler = self._endpoint.connections.get(self._client.id)
             if handler is None:  # the harness's connection is gone
                 self._queue.clear()
-                self.closed = True
+                self.close()
             while self._queue:  # what is queued goes as one event (parts queued meanwhile, as the next)
                 parts, self._queue = self._queue, []
-                # A head with content: mitmproxy writes them one after the other, so the first write would
-                # wake the harness, which then parses the head while the content waits (on a busy machine,
-                # on this core). The connection is corked until both are written: one segment, one wake-up.
-                corked = (
-                    _cork(handler, self._client) if len(parts) > 1 and parts[0] is self._head_given else None
-                )
+                # The head and what follows it: mitmproxy writes them one after the other once the head's
+                # hook has run, so the first write would wake the harness, which then parses the head
+                # while the content waits (on a busy machine, on this core). The connection is corked
+                # until both are written: one segment, one wake-up.
+                corked = _cork(handler, self._client) if self._cork else None
+                self._cork = False
                 try:
                     await handler.server_event(self._parts.inject(self._server, parts))
                 finally:
                     if corked is not None:
-                        # mitmproxy writes them in the task that ran the head's hook; that task was woken
-                        # (it waits for the lock this call held) before this is scheduled, so runs first
+                        # mitmproxy writes them in the task that runs the head's hook; that task was woken
+                        # (by the lock this call held, or by `HeldHead.give`) before this is scheduled, and
+                        # writes without waiting again, so runs first
                         asyncio.get_running_loop().call_soon(_uncork, corked)
         if self.closed:
             if self.ended:

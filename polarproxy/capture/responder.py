@@ -216,6 +216,7 @@ class Responder:
         self.port = 0
         self.connections: Mapping[str, Any] = {}  # mitmproxy's client connection handlers (inprocess.py)
         self.background: set[asyncio.Task[None]] = set()  # inprocess.py's injections nobody waits for
+        self.held: dict[str, inprocess.HeldHead] = {}  # heads given to mitmproxy ahead, by parked path
         self.in_process = False  # streams go to mitmproxy's HTTP layer in process, not over the hop
         self._address = ("127.0.0.1", 0)
 
@@ -254,6 +255,33 @@ class Responder:
         parked.task.add_done_callback(ended)
         return True
 
+    async def hold_head(self, path: str, response: Any, client_gone: Callable[[], bool]) -> Any:
+        """For mitmproxy's `responseheaders` hook of the stream requested at `path`, whose `response` it
+        holds: the response to send. When that head was given ahead (inprocess.HeldHead), wait until the
+        answer's head is known; None when the answer ended without one or the harness hung up (looked at
+        as `serve_inline` does): the flow is then killed, and the call recorded as the gateway ended it."""
+        held = self.held.pop(path, None)
+        if held is None:
+            return response
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def look(wait: float) -> None:
+            nonlocal timer
+            if held.decided.done():
+                return
+            if client_gone():
+                held.give(None)
+                return
+            timer = loop.call_later(wait, look, min(2 * wait, LOOK_S))
+
+        look(FIRST_LOOK_S)
+        try:
+            return await held.decided  # one wake-up when the head is given (inprocess.LayerSink.drain)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
     async def stop(self) -> None:
         if self.in_process:
             inprocess.unregister(self._address)
@@ -266,6 +294,9 @@ class Responder:
         if self.background:
             await asyncio.wait(list(self.background), timeout=5)
         self.pending.clear()
+        for held in self.held.values():  # their streams' tasks ended above: nothing more will come
+            held.give(None)
+        self.held.clear()
         if self._server is not None:
             self._server.close()
             for w in list(self._connections):  # idle keep-alive connections would hold wait_closed() forever

@@ -61,7 +61,7 @@ async def test_chat_request_is_parked_and_forwarded_to_the_responder_without_sec
     assert parked.conversation.stream and parked.episode_id == "ep_addon"
     assert parked.start.request_headers["authorization"] == "<redacted>"
     f.response = tutils.tresp(headers=((b"content-type", b"text/event-stream"),))
-    addon.responseheaders(f)
+    await addon.responseheaders(f)
     assert f.response.stream is True
     addon.error(f)  # the harness hung up: the parked call is dropped
     assert f.id not in addon.responder.pending

@@ -155,6 +155,30 @@ def test_the_proxy_stopping_mid_stream_is_recorded_as_such_not_as_a_hang_up(make
     assert c.status == "aborted" and c.error == "aborted: the proxy stopped before the answer was complete"
 
 
+def test_a_harness_hanging_up_while_its_streams_head_is_held_is_recorded_as_aborted_at_once(
+    make_stub, make_proxy
+):
+    """The hook that holds a head given ahead looks at the harness's connection: a hang-up before the
+    first token ends the call then, not when the backend answers."""
+    proxy = make_proxy(make_stub("one two three", first_token_ms=4000).url)
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = orjson.dumps({**BODY, "stream": True})
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (CHAT.encode(), len(body), body)
+        )
+        assert wait_for(lambda: calls(proxy))  # in flight: the backend computes the first token
+        time.sleep(0.3)  # the head's hook holds it by now
+    hung_up = time.monotonic()
+    assert wait_for(lambda: calls(proxy)[0].status != "in_flight", timeout=10)
+    assert time.monotonic() - hung_up < 3.0  # well before the first token (4 s after the request)
+    (c,) = calls(proxy)
+    assert c.status == "aborted" and "disconnected" in c.error
+    assert proxy.proxy.recorder.responder.held == {}
+    assert wait_for(lambda: not proxy.proxy.recorder.responder.running)
+
+
 def test_client_hanging_up_during_a_non_streamed_call_is_recorded_as_aborted(make_stub, make_proxy):
     # the answer is made inside the addon's request hook (no hop): the hang-up is seen while it waits
     stub = make_stub(" ".join(["word"] * 200), per_token_ms=20)

@@ -115,11 +115,11 @@ def test_a_stream_that_is_no_longer_parked_when_mitmproxy_asks_for_it_gets_a_404
         assert stream_text(client, proxy.url) == "one two three"  # the same connection serves on
 
 
-def test_a_streams_head_is_made_while_the_backend_computes_the_first_token(
+def test_a_streams_head_goes_to_mitmproxy_while_the_backend_computes_the_first_token(
     make_stub, make_proxy, monkeypatch
 ):
-    """The head's mitmproxy event is made ahead (`prepare_head`), not on the way to the first token, and
-    goes to mitmproxy with the first content."""
+    """The head's event is made and given to mitmproxy ahead (`prepare_head`), its hook holds it until
+    the first token, and then the harness gets it with the first content."""
     from polarproxy.backends.stub import StubBackend
 
     seen: list[str] = []
@@ -128,6 +128,7 @@ def test_a_streams_head_is_made_while_the_backend_computes_the_first_token(
         inprocess.LayerSink.head_nowait,
         StubBackend._stream,
     )
+    hold = responder_module.Responder.hold_head
 
     def making(self, status, headers):
         seen.append("head made")
@@ -136,6 +137,13 @@ def test_a_streams_head_is_made_while_the_backend_computes_the_first_token(
     def giving(self, status, headers):
         seen.append("head given")
         give(self, status, headers)
+
+    async def holding(self, path, response, client_gone):
+        held = path in self.held
+        seen.append("hook holds" if held else "hook")
+        answer = await hold(self, path, response, client_gone)
+        seen.append("hook releases" if held else "hook done")
+        return answer
 
     async def stub_stream(self, w, make):
         def first(n, last):
@@ -155,22 +163,32 @@ def test_a_streams_head_is_made_while_the_backend_computes_the_first_token(
     monkeypatch.setattr(inprocess.LayerSink, "_head_event", making)
     monkeypatch.setattr(inprocess.LayerSink, "head_nowait", giving)
     monkeypatch.setattr(inprocess.LayerSink, "drain", draining)
+    monkeypatch.setattr(responder_module.Responder, "hold_head", holding)
     monkeypatch.setattr(StubBackend, "_stream", stub_stream)
     proxy = make_proxy(make_stub("one two three", first_token_ms=200).url)
     with httpx.Client(timeout=30) as client:
         assert stream_text(client, proxy.url) == "one two three"
-    assert seen == ["head made", "first token", "head given"]
-    # the head and the first content reach mitmproxy together (one pass, one wake-up of the harness)
-    assert next(b for b in batches if b) == ["ResponseHeaders", "ResponseData"]
+    assert seen == ["head made", "hook holds", "first token", "head given", "hook releases"]
+    assert [b for b in batches if b][:2] == [["ResponseHeaders"], ["ResponseData"]]
+    assert proxy.proxy.recorder.responder.held == {}
 
 
 class _Event:
     def __init__(self, status: int, headers: dict[str, str], end: bool) -> None:
         self.status, self.headers, self.end = status, headers, end
-        self.response = type("Response", (), {"timestamp_start": 0.0})()
+        self.response = type("Response", (), {"timestamp_start": 0.0, "status_code": status})()
 
 
-def _layer_sink() -> inprocess.LayerSink:
+class _Endpoint:
+    """What a LayerSink needs of the responder; no mitmproxy connection (injections find it gone)."""
+
+    def __init__(self) -> None:
+        self.connections: dict[str, object] = {}
+        self.background: set[asyncio.Task[None]] = set()
+        self.held: dict[str, inprocess.HeldHead] = {}
+
+
+def _layer_sink(endpoint: _Endpoint | None = None, key: str | None = None) -> inprocess.LayerSink:
     parts = inprocess._Parts(
         head=lambda sid, status, headers, end: _Event(status, headers, end),
         data=lambda sid, data: ("data", data),
@@ -179,7 +197,40 @@ def _layer_sink() -> inprocess.LayerSink:
         inject=lambda server, event: event,
     )
     context = type("Context", (), {"client": object(), "server": object()})()
-    return inprocess.LayerSink(None, context, 1, parts)  # type: ignore[arg-type]
+    return inprocess.LayerSink(endpoint, context, 1, parts, key)  # type: ignore[arg-type]
+
+
+def test_a_held_head_is_given_to_mitmproxy_at_once_and_decided_by_the_answers_head():
+    stream = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+    async def run() -> None:
+        endpoint = _Endpoint()
+        sink = _layer_sink(endpoint, "/p/1")
+        sink.prepare_head(200, stream)
+        held = endpoint.held["/p/1"]
+        assert [type(p) for p in sink._queue] == [_Event] and sink._queue[0].response is held.response
+        sink.head_nowait(200, dict(stream))  # the guess was right: that response goes
+        assert held.decided.result() is held.response and not sink._queue[1:]
+
+        sink = _layer_sink(endpoint, "/p/2")
+        sink.prepare_head(200, stream)
+        held = endpoint.held["/p/2"]
+        sink.head_nowait(400, {"content-type": "application/json", "content-length": "9"})
+        assert held.decided.result().status_code == 400  # an error instead: a response of its own
+
+        sink = _layer_sink(endpoint, "/p/3")
+        sink.prepare_head(200, stream)
+        held = endpoint.held["/p/3"]
+        sink.fail("stopped")  # ended without a head: the hook kills the flow
+        assert held.decided.result() is None
+
+        sink = _layer_sink(endpoint, "/p/4")
+        sink.prepare_head(200, stream)
+        sink.close()  # the harness hung up before mitmproxy ran the hook: nothing left behind
+        assert "/p/4" not in endpoint.held
+        await asyncio.sleep(0)  # the injections run (and find no connection)
+
+    asyncio.run(run())
 
 
 def test_a_prepared_head_is_used_only_when_the_head_is_that_one():
