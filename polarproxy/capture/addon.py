@@ -20,6 +20,7 @@ import orjson
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 
+from polarproxy.capture import inprocess
 from polarproxy.capture.gateway import JSON_HEADERS, Gateway, GatewayOptions, PendingCall
 from polarproxy.capture.responder import Responder
 from polarproxy.capture.store_writer import StoreWriter
@@ -287,8 +288,11 @@ class Recorder:
             response = await self.responder.hold_head(
                 flow.request.path, flow.response, lambda: not (client.state & ConnectionState.CAN_READ)
             )
-            if response is None:  # the answer ended without a head, or the harness hung up
+            if response is None:  # the harness hung up
                 flow.kill()
+                return
+            if response is inprocess.NO_HEAD:  # the answer ended without a head: mitmproxy answers the
+                flow.response.stream = False  # failure that follows (a 502 with its message), as before
                 return
             flow.response = response
         flow.response.stream = True  # pass the answer through as the gateway writes it

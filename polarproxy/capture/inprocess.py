@@ -185,11 +185,15 @@ class _Parts:
     inject: Callable[[Any, list[Any]], Any]
 
 
+NO_HEAD = object()  # what a held head is decided as when its answer ended without a head
+
+
 class HeldHead:
     """A stream's head given to mitmproxy before its answer's head is known (`LayerSink.prepare_head`):
     mitmproxy runs the head's hook while the backend works, and the hook waits on `decided` (see
-    `Responder.hold_head`) for the response to send: this head, another one (an error instead), or None
-    when the answer ended without a head (the flow is then killed). Nothing reaches the harness before."""
+    `Responder.hold_head`) for the response to send: this head, another one (an error instead), or
+    `NO_HEAD` when the answer ended without one (mitmproxy then answers the failure that follows as when
+    no head was given). Nothing reaches the harness before."""
 
     __slots__ = ("decided", "response")
 
@@ -293,7 +297,7 @@ class LayerSink:
         """End the stream as failed (the harness's connection is closed): serving stopped before the end."""
         if not self.ended:
             if self._held is not None:
-                self._held.give(None)  # no head was given: the hook kills the flow (else a no-op)
+                self._held.give(NO_HEAD)  # no head was given (else a no-op)
             self._queue.append(self._parts.failed(self._sid, message))
             self.ended = True
             self.flush_soon()

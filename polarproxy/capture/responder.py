@@ -258,8 +258,9 @@ class Responder:
     async def hold_head(self, path: str, response: Any, client_gone: Callable[[], bool]) -> Any:
         """For mitmproxy's `responseheaders` hook of the stream requested at `path`, whose `response` it
         holds: the response to send. When that head was given ahead (inprocess.HeldHead), wait until the
-        answer's head is known; None when the answer ended without one or the harness hung up (looked at
-        as `serve_inline` does): the flow is then killed, and the call recorded as the gateway ended it."""
+        answer's head is known: `inprocess.NO_HEAD` when the answer ended without one, None when the
+        harness hung up first (looked at as `serve_inline` does; the flow is then killed, and the call
+        recorded as aborted)."""
         held = self.held.pop(path, None)
         if held is None:
             return response
@@ -295,7 +296,7 @@ class Responder:
             await asyncio.wait(list(self.background), timeout=5)
         self.pending.clear()
         for held in self.held.values():  # their streams' tasks ended above: nothing more will come
-            held.give(None)
+            held.give(inprocess.NO_HEAD)
         self.held.clear()
         if self._server is not None:
             self._server.close()

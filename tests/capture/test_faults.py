@@ -3,6 +3,7 @@ record says what happened."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from contextlib import contextmanager
@@ -177,6 +178,32 @@ def test_a_harness_hanging_up_while_its_streams_head_is_held_is_recorded_as_abor
     assert c.status == "aborted" and "disconnected" in c.error
     assert proxy.proxy.recorder.responder.held == {}
     assert wait_for(lambda: not proxy.proxy.recorder.responder.running)
+
+
+def test_the_proxy_stopping_while_a_streams_head_is_held_sends_no_head_and_records_the_stop(
+    make_stub, make_proxy
+):
+    """An answer that ends without a head (here: the proxy stops before the first token) while its hook
+    holds the head given ahead: the harness gets mitmproxy's 502 with the reason, as when no head was
+    given ahead, never the 200 that was held."""
+    proxy = make_proxy(make_stub("one two three", first_token_ms=4000).url)
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = orjson.dumps({**BODY, "stream": True})
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (CHAT.encode(), len(body), body)
+        )
+        assert wait_for(lambda: calls(proxy))
+        time.sleep(0.3)  # the head's hook holds it by now
+        proxy.stop()
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                received += chunk
+    assert received.startswith(b"HTTP/1.1 502") and b"stopped serving this answer" in received
+    (c,) = calls(proxy)
+    assert c.status == "aborted" and c.error == "aborted: the proxy stopped before the answer was complete"
 
 
 def test_client_hanging_up_during_a_non_streamed_call_is_recorded_as_aborted(make_stub, make_proxy):

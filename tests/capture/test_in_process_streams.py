@@ -221,8 +221,8 @@ def test_a_held_head_is_given_to_mitmproxy_at_once_and_decided_by_the_answers_he
         sink = _layer_sink(endpoint, "/p/3")
         sink.prepare_head(200, stream)
         held = endpoint.held["/p/3"]
-        sink.fail("stopped")  # ended without a head: the hook kills the flow
-        assert held.decided.result() is None
+        sink.fail("stopped")  # ended without a head: mitmproxy answers the failure that follows
+        assert held.decided.result() is inprocess.NO_HEAD
 
         sink = _layer_sink(endpoint, "/p/4")
         sink.prepare_head(200, stream)
