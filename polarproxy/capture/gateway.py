@@ -530,7 +530,8 @@ class _CallRun:
         """The output decoder (unless chat mode, where the prompt IDs come with the first chunk) and the
         stream's likely head, made while the backend computes the first token."""
         if self._decoder is None and not is_chat_mode(self.gw.backend):
-            self._decoder = self.gw.decoder(self.call.conversation, self.prompt_ids, stops)
+            with contextlib.suppress(Exception):  # else made at the first chunk, where a failure is answered
+                self._decoder = self.gw.decoder(self.call.conversation, self.prompt_ids, stops)
         if not self.started:
             self.sink.prepare_head(200, head)
 
