@@ -553,7 +553,7 @@ class _CallRun:
         try:
             async for gen in self._generate(params, stream=True):
                 self.gen = gen
-                if self._decoder is None:  # chat mode: the prompt IDs came with this chunk
+                if self._decoder is None:  # chat mode (prompt IDs come with this chunk), or none ahead
                     self._decoder = gw.decoder(conv, self.prompt_ids, params.stop)
                 events = self._decoder.push(gw.shown_ids(gen, gen.new_ids))
                 if not self.started:  # the stream's opening and its first content go out as one write
