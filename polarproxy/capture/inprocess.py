@@ -195,10 +195,9 @@ class HeldHead:
     `NO_HEAD` when the answer ended without one (mitmproxy then answers the failure that follows as when
     no head was given). Nothing reaches the harness before."""
 
-    __slots__ = ("decided", "response")
+    __slots__ = ("decided",)
 
-    def __init__(self, response: Any) -> None:
-        self.response = response
+    def __init__(self) -> None:
         self.decided: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def give(self, response: Any) -> None:
@@ -244,7 +243,7 @@ class LayerSink:
         event = self._head_event(status, headers)
         self._prepared = (status, headers, event)
         if self.key is not None and not (self._queue or self.ended or self.closed):
-            self._held = self._endpoint.held[self.key] = HeldHead(event.response)
+            self._held = self._endpoint.held[self.key] = HeldHead()
             self._queue.append(event)
             self.flush_soon()
 

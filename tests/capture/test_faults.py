@@ -156,11 +156,10 @@ def test_the_proxy_stopping_mid_stream_is_recorded_as_such_not_as_a_hang_up(make
     assert c.status == "aborted" and c.error == "aborted: the proxy stopped before the answer was complete"
 
 
-def test_a_harness_hanging_up_while_its_streams_head_is_held_is_recorded_as_aborted_at_once(
-    make_stub, make_proxy
-):
-    """The hook that holds a head given ahead looks at the harness's connection: a hang-up before the
-    first token ends the call then, not when the backend answers."""
+@contextmanager
+def head_held(make_stub, make_proxy):
+    """A proxy, and a raw harness connection whose streamed call waits for a first token 4 s away, its
+    head given to mitmproxy ahead and held by the hook (capture/inprocess.py)."""
     proxy = make_proxy(make_stub("one two three", first_token_ms=4000).url)
     host, port = proxy.url.removeprefix("http://").split(":")
     body = orjson.dumps({**BODY, "stream": True})
@@ -171,6 +170,16 @@ def test_a_harness_hanging_up_while_its_streams_head_is_held_is_recorded_as_abor
         )
         assert wait_for(lambda: calls(proxy))  # in flight: the backend computes the first token
         time.sleep(0.3)  # the head's hook holds it by now
+        yield proxy, s
+
+
+def test_a_harness_hanging_up_while_its_streams_head_is_held_is_recorded_as_aborted_at_once(
+    make_stub, make_proxy
+):
+    """The hook that holds a head given ahead looks at the harness's connection: a hang-up before the
+    first token ends the call then, not when the backend answers."""
+    with head_held(make_stub, make_proxy) as (proxy, _):
+        pass  # the harness hangs up
     hung_up = time.monotonic()
     assert wait_for(lambda: calls(proxy)[0].status != "in_flight", timeout=10)
     assert time.monotonic() - hung_up < 3.0  # well before the first token (4 s after the request)
@@ -186,16 +195,7 @@ def test_the_proxy_stopping_while_a_streams_head_is_held_sends_no_head_and_recor
     """An answer that ends without a head (here: the proxy stops before the first token) while its hook
     holds the head given ahead: the harness gets mitmproxy's 502 with the reason, as when no head was
     given ahead, never the 200 that was held."""
-    proxy = make_proxy(make_stub("one two three", first_token_ms=4000).url)
-    host, port = proxy.url.removeprefix("http://").split(":")
-    body = orjson.dumps({**BODY, "stream": True})
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(
-            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-            % (CHAT.encode(), len(body), body)
-        )
-        assert wait_for(lambda: calls(proxy))
-        time.sleep(0.3)  # the head's hook holds it by now
+    with head_held(make_stub, make_proxy) as (proxy, s):
         proxy.stop()
         received = b""
         with contextlib.suppress(OSError):
