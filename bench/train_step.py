@@ -10,7 +10,8 @@ of each row trainable, one advantage per row.
 
 Part 1, the same rows three ways, each a full optimizer step (forward, chunked logprobs, GRPO loss,
 backward, AdamW) with the same token budget per micro-batch:
-  packed         polarproxy's layout: rows end to end, position_ids restarting, no padding;
+  packed         polarproxy's layout: rows end to end, position_ids restarting, no padding, attention
+                 per sequence (`polarproxy.train.attention`, as the trainer runs it);
   padded         rows in data order, right-padded to the longest row of the micro-batch (padding counts
                  against the budget), the usual collator;
   padded-sorted  the same after sorting by length (length bucketing: less padding, the usual remedy);
@@ -79,9 +80,12 @@ def build_model(cfg: dict[str, int], seed: int = 0) -> Any:
         max_position_embeddings=65536,
         tie_word_embeddings=True,
     )
+    from polarproxy.train.attention import use_packed_attention
+
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.float32)
     model.config.use_cache = False
+    use_packed_attention(model)  # as the trainer's load_model does (padded rows keep sdpa's masked path)
     return model.train()
 
 

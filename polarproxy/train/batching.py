@@ -3,8 +3,9 @@
 A micro-batch is one row of the model's input, (1, T): several sequences laid end to end, their
 position_ids restarting at 0 for each. transformers (>= 4.53) reads the restarts as sequence boundaries
 when no attention mask is given: sdpa/eager attention get a block-diagonal causal mask, flash-attention
-its varlen kernel (cu_seqlens), so no token attends across sequences. For transformers without that, or to
-check it, `MaskMode "4d"` passes the block-diagonal mask explicitly.
+its varlen kernel (cu_seqlens), so no token attends across sequences; the trainer's models run
+`attention.VARLEN`, which runs each sequence on its own and builds no mask. To check the boundaries,
+mask_mode "4d" passes the block-diagonal mask explicitly.
 
 Only the trainable tokens are scored: `hidden_index[k]` is the position whose hidden state predicts the
 k-th trainable token `targets[k]`, so the lm_head never runs over prompt or tool tokens.

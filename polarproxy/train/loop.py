@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polarproxy.train.attention import use_packed_attention
 from polarproxy.train.config import TrainConfig
 from polarproxy.train.data import Sample, samples_from_rows
 
@@ -84,6 +85,7 @@ def load_model(model_dir: str | os.PathLike[str], device: Any, *, trainable: boo
         raise TrainError(f"Cannot load a model from '{model_dir}': {e}") from e
     model.to(device)
     model.config.use_cache = False
+    use_packed_attention(model)  # packed rows cost their sequences' attention, not the whole row's
     if trainable:
         model.train()
     else:

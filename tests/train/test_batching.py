@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from polarproxy.train.attention import VARLEN, use_packed_attention  # noqa: E402
 from polarproxy.train.batching import (  # noqa: E402
     micro_batches,
     pack,
@@ -68,13 +69,17 @@ def _loss_and_grads(model, batches, settings):
     return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("mask_mode", ["positions", "4d"])
+@pytest.mark.parametrize(
+    ("mask_mode", "attention"), [("positions", "sdpa"), ("4d", "sdpa"), ("positions", VARLEN), ("4d", VARLEN)]
+)
 def test_packed_batch_gives_the_loss_and_gradients_of_the_unpacked_rows(
-    random_model_dir: Path, scored_rows, mask_mode: str
+    random_model_dir: Path, scored_rows, mask_mode: str, attention: str
 ) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_dir), dtype=torch.float32)
+    if attention == VARLEN:
+        assert use_packed_attention(model) == VARLEN
     model.train()
     samples = samples_from_rows(scored_rows)
     for s in samples:  # ratios away from 1, so the clip matters too

@@ -1,0 +1,116 @@
+"""Packed attention (`attention.VARLEN`): each sequence of a packed row attends only to itself, with the
+numbers of transformers' sdpa path, without a (T, T) mask; padded rows and explicit masks keep sdpa's path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from polarproxy.train.attention import (  # noqa: E402
+    VARLEN,
+    sequence_bounds,
+    use_packed_attention,
+    varlen_mask,
+)
+from polarproxy.train.batching import packed_batch, padded_batch, step_weights  # noqa: E402
+from polarproxy.train.data import Sample  # noqa: E402
+from polarproxy.train.logprobs import hidden_states  # noqa: E402
+
+
+def test_sequence_bounds_split_where_positions_restart() -> None:
+    pos = torch.tensor([0, 1, 2, 0, 0, 1, 5, 6])  # a jump (5 after 1) starts a sequence too
+    assert sequence_bounds(pos) == [0, 3, 4, 6, 8]
+    assert sequence_bounds(torch.arange(5)) == [0, 5]
+
+
+def _qwen3(**extra):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        **extra,
+    )
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).to(torch.float32).eval()
+
+
+def _samples(lengths: list[int]) -> list[Sample]:
+    out = []
+    for j, n in enumerate(lengths):
+        ids = [(7 * i + 13 * j) % 97 for i in range(n)]
+        out.append(Sample(ids, [0] + [1] * (n - 1), [0.0] * n, 1.0, episode_id=f"e{j}"))
+    return out
+
+
+def _rows_one_by_one(model, samples: list[Sample]) -> torch.Tensor:
+    """Each row's hidden states on its own (sdpa, no packing), end to end."""
+    weights = step_weights(samples, "token-mean")
+    return torch.cat(
+        [hidden_states(model, padded_batch(samples, [i], weights, pad_id=0)) for i in range(len(samples))]
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}],
+    ids=["full", "sliding-window-4"],
+)
+def test_a_packed_row_equals_its_rows_run_alone_and_builds_no_mask(monkeypatch, extra) -> None:
+    model = _qwen3(**extra)
+    samples = _samples([9, 1, 5, 12, 3])
+    weights = step_weights(samples, "token-mean")
+    with torch.no_grad():
+        alone = _rows_one_by_one(model, samples)
+        assert use_packed_attention(model) == VARLEN
+        calls: list[tuple[int, bool, bool]] = []
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def spy(q, k, v, attn_mask=None, **kw):
+            calls.append((q.shape[2], attn_mask is None, kw.get("is_causal", False)))
+            return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        packed = hidden_states(model, packed_batch(samples, list(range(len(samples))), weights))
+    assert torch.allclose(packed, alone, atol=1e-5)
+    # one call per sequence and layer, each over that sequence alone; masked only where a window cuts it
+    assert sorted(c[0] for c in calls) == sorted([9, 1, 5, 12, 3] * 2)
+    window = extra.get("sliding_window")
+    for length, unmasked, causal in calls:
+        assert unmasked == causal == (window is None or length <= window), (length, unmasked, causal)
+
+
+def test_padded_rows_and_explicit_masks_keep_sdpa_numbers() -> None:
+    model = _qwen3()
+    samples = _samples([9, 1, 5])
+    weights = step_weights(samples, "token-mean")
+    with torch.no_grad():
+        padded_sdpa = hidden_states(model, padded_batch(samples, [0, 1, 2], weights, pad_id=0))
+        four_d_sdpa = hidden_states(model, packed_batch(samples, [0, 1, 2], weights, mask_mode="4d"))
+        use_packed_attention(model)
+        padded = hidden_states(model, padded_batch(samples, [0, 1, 2], weights, pad_id=0))
+        four_d = hidden_states(model, packed_batch(samples, [0, 1, 2], weights, mask_mode="4d"))
+    assert torch.equal(padded, padded_sdpa)
+    assert torch.equal(four_d, four_d_sdpa)
+    assert varlen_mask(1, 4, 4, attention_mask=None) is None
+
+
+def test_only_sdpa_models_switch_and_the_saved_config_does_not_name_it(tmp_path: Path) -> None:
+    model = _qwen3()
+    model.set_attn_implementation("eager")
+    assert use_packed_attention(model) == "eager"
+    model.set_attn_implementation("sdpa")
+    assert use_packed_attention(model) == VARLEN
+    model.save_pretrained(tmp_path)  # a checkpoint others load (SGLang, vLLM, from_pretrained) as usual
+    assert VARLEN not in (tmp_path / "config.json").read_text()
+    assert "attn_implementation" not in json.loads((tmp_path / "config.json").read_text())
