@@ -1,10 +1,14 @@
 """Per-token logprobs and entropies without the full logits: hidden states → lm_head chunk by chunk.
 
 Only the hidden states that predict trainable tokens go through the lm_head, `chunk` rows at a time.
-Each chunk runs under activation checkpointing, so its (chunk, V) logits are freed after the forward
-pass and recomputed one chunk at a time in the backward pass: peak logit memory is chunk x V floats,
-not N x V. log_softmax runs in float32 (in bf16 it loses the ratio's precision), whatever the matmul's
-dtype under autocast.
+`_ChunkLogprobs` is one autograd function per chunk: its forward keeps only the chunk's log-normaliser
+(n floats) and frees the (chunk, V) logits; its backward recomputes them once and turns them in place into
+the gradient (softmax - one-hot, times the upstream gradient). Peak logit memory is chunk x V floats, not
+N x V, and each chunk costs three matmuls and a few passes over its logits, where activation
+checkpointing of the same computation recomputed the entropy and kept autograd's own copies of the
+softmax and of the gather's one-hot. The entropy is returned detached (it is a metric, not a loss term).
+log_softmax runs in float32 (in bf16 it loses the ratio's precision), whatever the matmul's dtype under
+autocast.
 """
 
 from __future__ import annotations
@@ -12,22 +16,50 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 
-def _chunk_logprobs(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor
-) -> tuple[Tensor, Tensor]:
-    """hidden (n, H), weight (V, H), targets (n,) → (logprob of the target (n,), entropy (n,))."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (n, V)
-    logz = torch.logsumexp(logits, dim=-1)  # (n,)
-    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
-    probs = torch.softmax(logits, dim=-1)
-    entropy = logz - (probs * logits).sum(-1)
-    return logp, entropy
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.nn.functional.linear(hidden, weight, bias).float()
+
+
+class _ChunkLogprobs(torch.autograd.Function):
+    """(hidden (n, H), weight (V, H), bias (V,) or None, targets (n,)) → (logprob of each target (n,),
+    entropy (n,), not differentiable)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor) -> Any:
+        logits = _logits(hidden, weight, bias)  # (n, V)
+        top = logits.amax(dim=-1, keepdim=True)
+        unnormalised = torch.sub(logits, top).exp_()  # exp(logit - max) <= 1: the one other (n, V) buffer
+        total = unnormalised.sum(dim=-1, keepdim=True)  # >= 1
+        logz = top + total.log()  # (n, 1): logsumexp, without its own temporaries
+        logits.sub_(logz)  # now log-probabilities
+        logp = logits.gather(-1, targets[:, None]).squeeze(-1)
+        entropy = unnormalised.mul_(logits).sum(-1).div_(total.squeeze(-1)).neg_()  # -sum p log p
+        ctx.save_for_backward(hidden, weight, bias, targets, logz)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx: Any, grad_logp: Tensor, _grad_entropy: Tensor) -> Any:
+        hidden, weight, bias, targets, logz = ctx.saved_tensors
+        g = grad_logp.float()
+        # d logp_t / d logits = one_hot(t) - softmax
+        grad = _logits(hidden, weight, bias).sub_(logz).exp_().mul_(-g[:, None])
+        grad.scatter_add_(1, targets[:, None], g[:, None])
+        grad_hidden = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden = (grad.to(weight.dtype) @ weight).to(hidden.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad.T.to(hidden.dtype) @ hidden).to(weight.dtype)
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0).to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None
 
 
 def chunked_logprobs(
@@ -38,16 +70,11 @@ def chunked_logprobs(
     if hidden.shape[0] == 0:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty + 0 * weight.sum(), empty
-    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     logps, ents = [], []
     for a in range(0, hidden.shape[0], chunk):
-        h, t = hidden[a : a + chunk], targets[a : a + chunk]
-        if need_grad:
-            lp, ent = checkpoint(_chunk_logprobs, h, weight, bias, t, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(h, weight, bias, t)
+        lp, ent = _ChunkLogprobs.apply(hidden[a : a + chunk], weight, bias, targets[a : a + chunk])
         logps.append(lp)
-        ents.append(ent.detach())
+        ents.append(ent)
     return torch.cat(logps), torch.cat(ents)
 
 

@@ -42,3 +42,22 @@ def test_no_tokens_give_empty_logprobs_that_still_backpropagate() -> None:
     assert lp.shape == ent.shape == (0,)
     lp.sum().backward()
     assert weight.grad is not None and torch.count_nonzero(weight.grad) == 0
+
+
+def test_bf16_inputs_get_bf16_gradients_close_to_the_float32_ones() -> None:
+    g = torch.Generator().manual_seed(1)
+    n, h, v = 40, 16, 64
+    hidden32 = torch.randn(n, h, generator=g)
+    weight32 = torch.randn(v, h, generator=g)
+    targets = torch.randint(v, (n,), generator=g)
+    grads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        hidden = hidden32.to(dtype, copy=True).requires_grad_()
+        weight = weight32.to(dtype, copy=True).requires_grad_()
+        lp, _ = chunked_logprobs(hidden, weight, targets, chunk=16)
+        assert lp.dtype == torch.float32  # log-softmax in float32 whatever the matmul's dtype
+        lp.sum().backward()
+        assert hidden.grad.dtype == weight.grad.dtype == dtype
+        grads[dtype] = (hidden.grad.float(), weight.grad.float())
+    for a, b in zip(grads[torch.float32], grads[torch.bfloat16], strict=True):
+        assert torch.allclose(a, b, atol=0.05 * float(a.abs().max()))
