@@ -14,7 +14,9 @@ backward, AdamW) with the same token budget per micro-batch:
                  per sequence (`polarproxy.train.attention`, as the trainer runs it);
   padded         rows in data order, right-padded to the longest row of the micro-batch (padding counts
                  against the budget), the usual collator;
-  padded-sorted  the same after sorting by length (length bucketing: less padding, the usual remedy);
+  padded-sorted  the same after sorting by length (length bucketing: less padding, the usual remedy; the
+                 trainer's layout for models whose packed rows are not exact, e.g. Qwen3.5's linear
+                 attention);
   trl            TRL's path on the padded batches: full logits, `selective_log_softmax`, its clipped loss
                  (only if `trl` imports; otherwise skipped, and the reason is printed).
 Figures: real (non-padding) tokens per second, tokens the model ran over, seconds per step, and the peak
@@ -142,33 +144,16 @@ def episode_samples(
 # -- micro-batches ----------------------------------------------------------------------------------------
 
 
-def padded_groups(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
-    """Consecutive rows of `order` while rows x longest row <= budget."""
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for i in order:
-        n = lengths[i]
-        if cur and (len(cur) + 1) * max(longest, n) > budget:
-            groups.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
-    if cur:
-        groups.append(cur)
-    return groups
-
-
 def make_batches(samples: list[Any], layout: str, budget: int) -> list[Any]:
-    from polarproxy.train.batching import micro_batches, padded_batch, step_weights
+    """packed and padded-sorted: the trainer's two layouts (`micro_batches`); padded: in data order."""
+    from polarproxy.train.batching import micro_batches, padded_batch, padded_groups, step_weights
 
     step = list(range(len(samples)))
-    if layout == "packed":
-        return micro_batches(samples, step, "token-mean", budget)
+    if layout in ("packed", "padded-sorted"):
+        return micro_batches(samples, step, "token-mean", budget, layout=layout.removesuffix("-sorted"))
     weights = step_weights(samples, "token-mean")
     lengths = [len(s) for s in samples]
-    order = sorted(step, key=lambda i: lengths[i]) if layout == "padded-sorted" else step
-    return [padded_batch(samples, g, weights, pad_id=0) for g in padded_groups(lengths, budget, order)]
+    return [padded_batch(samples, g, weights, pad_id=0) for g in padded_groups(lengths, budget, step)]
 
 
 # -- one step ---------------------------------------------------------------------------------------------

@@ -203,21 +203,57 @@ def padded_batch(
     )
 
 
+LAYOUTS = ("packed", "padded")
+
+
+def padded_groups(lengths: Sequence[int], token_budget: int, order: Sequence[int]) -> list[list[int]]:
+    """Consecutive indices of `order` while rows x longest row <= token_budget (padding counts against the
+    budget); a row longer than the budget gets a group of its own."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        n = lengths[i]
+        if cur and (len(cur) + 1) * max(longest, n) > token_budget:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
 def micro_batches(
     samples: Sequence[Sample],
     step: Sequence[int],
     agg: str,
     token_budget: int,
     *,
+    layout: str = "packed",
     mask_mode: str = "positions",
+    pad_id: int = 0,
 ) -> list[MicroBatch]:
-    """The packed micro-batches of one step (`step`: sample indices), with the step's aggregation weights."""
+    """The micro-batches of one step (`step`: sample indices), with the step's aggregation weights.
+    layout "packed": rows end to end (first-fit decreasing, `pack`); "padded": rows sorted by length,
+    right-padded to the longest of each micro-batch (`padded_groups`), for models whose packed rows are
+    not exact (`layout.choose_layout`)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"Unknown micro-batch layout {layout!r}. Must be one of 'packed', 'padded'.")
     chosen = [samples[i] for i in step]
     weights = step_weights(chosen, agg)
-    bins = pack([len(s) for s in chosen], token_budget)
+    lengths = [len(s) for s in chosen]
+    if layout == "packed":
+        bins = pack(lengths, token_budget)
+    else:
+        by_length = sorted(range(len(chosen)), key=lambda i: lengths[i])
+        bins = padded_groups(lengths, token_budget, by_length)
     out = []
     for b in bins:
-        mb = packed_batch(chosen, b, weights, mask_mode=mask_mode)
+        if layout == "packed":
+            mb = packed_batch(chosen, b, weights, mask_mode=mask_mode)
+        else:
+            mb = padded_batch(chosen, b, weights, pad_id=pad_id)
         mb.samples = [step[i] for i in b]
         out.append(mb)
     return out

@@ -30,6 +30,7 @@ from typing import Any
 from polarproxy.train.attention import use_packed_attention
 from polarproxy.train.config import TrainConfig
 from polarproxy.train.data import Sample, samples_from_rows
+from polarproxy.train.layout import choose_layout
 
 log = logging.getLogger("polarproxy.train")
 
@@ -137,6 +138,13 @@ class Trainer:
         self.ref_model = None
         if cfg.kl_coef:
             self.ref_model = load_model(cfg.ref_model or model_dir, device, trainable=False)
+        self.layout = choose_layout(model, self.ref_model)
+        if self.layout != "packed":
+            log.warning(
+                "Packed rows are not exact for %s (a layer carries state across the sequences of a row, "
+                "e.g. linear attention): training on length-sorted padded micro-batches instead.",
+                type(model).__name__,
+            )
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -161,7 +169,11 @@ class Trainer:
         self.metrics_log = MetricsLog(out)
         _decoder, self.head = decoder_and_head(model)
         self.saved = latest[1] if latest else Path(model_dir)
-        self.meta = {"base_model": str(Path(model_dir).resolve()), "config": cfg.to_json()}
+        self.meta = {
+            "base_model": str(Path(model_dir).resolve()),
+            "config": cfg.to_json(),
+            "micro_batch_layout": self.layout,
+        }
 
     def run_step(self, samples: Sequence[Sample], step_rows: Sequence[int], horizon: int) -> dict[str, Any]:
         """One optimizer step on `samples[i] for i in step_rows` (global step `self.step + 1`, learning rate
@@ -186,7 +198,7 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "tokens": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped": 0.0, "kl_sum": 0.0}
         sums |= {"tis_capped": 0.0, "entropy_sum": 0.0, "run_tokens": 0}
-        batches = micro_batches(samples, step_rows, cfg.loss_agg, cfg.token_budget)
+        batches = micro_batches(samples, step_rows, cfg.loss_agg, cfg.token_budget, layout=self.layout)
         for mb in batches:
             mb = mb.to(device)
             with autocast:

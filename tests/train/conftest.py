@@ -87,6 +87,12 @@ def jsonl():
     return write_jsonl
 
 
+@pytest.fixture
+def rows_of():
+    """rows_of(model_dir, **options) -> export rows scored by that model (`make_rows`)."""
+    return make_rows
+
+
 @pytest.fixture(scope="session")
 def scored_rows(random_model_dir: Path) -> list[dict[str, Any]]:
     return make_rows(random_model_dir)
