@@ -169,6 +169,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_bare_mitmproxy(work: Path, backend_url: str) -> tuple[Proc, int]:
+    """`mitmdump --mode reverse:BACKEND` on a free loopback port with MITM_ADDON (server-sent events pass
+    through as they arrive); returns at once (`wait_listening` before the first call) with its port."""
+    addon = work / "stream_sse.py"
+    addon.write_text(MITM_ADDON)
+    port = free_port()
+    mitmdump = Path(sys.executable).parent / "mitmdump"
+    argv = [str(mitmdump if mitmdump.exists() else shutil.which("mitmdump") or "mitmdump")]
+    argv += ["--mode", f"reverse:{backend_url}", "-p", str(port), "--listen-host", "127.0.0.1"]
+    mitm, _ = spawn("mitmproxy", [*argv, "-q", "-s", str(addon)], None)
+    return mitm, port
+
+
 def wait_listening(proc: Proc, port: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -470,26 +483,7 @@ class Bench:
         self.stub_url = url
         self.urls["direct"] = url
 
-        addon = self.work / "stream_sse.py"
-        addon.write_text(MITM_ADDON)
-        port = free_port()
-        mitmdump = Path(sys.executable).parent / "mitmdump"
-        mitm, _ = spawn(
-            "mitmproxy",
-            [
-                str(mitmdump if mitmdump.exists() else shutil.which("mitmdump") or "mitmdump"),
-                "--mode",
-                f"reverse:{url}",
-                "-p",
-                str(port),
-                "--listen-host",
-                "127.0.0.1",
-                "-q",
-                "-s",
-                str(addon),
-            ],
-            None,
-        )
+        mitm, port = spawn_bare_mitmproxy(self.work, url)
         self.procs["mitmproxy"] = mitm
         self.urls["mitmproxy"] = f"http://127.0.0.1:{port}"
 
