@@ -3,12 +3,14 @@ built from a config on the device (random weights: nothing is downloaded).
 
     python bench/train_gpu.py [--size 0.6b|1.7b|4b] [--rows N] [--min-len 256] [--max-len 8192]
                               [--budget TOKENS] [--steps N] [--gradient-checkpointing] [--peak-tflops F]
-                              [--attn sdpa|flash_attention_2] [--json OUT]
+                              [--attn polarproxy_varlen|sdpa|flash_attention_2] [--json OUT]
     python bench/train_gpu.py --device cpu --tiny        # smoke test of the script itself
 
 Each step is the trainer's own: rows packed by token budget (batching.micro_batches), the decoder under bf16
-autocast with float32 master weights, chunked logprobs over the trainable tokens, the GRPO loss, backward,
-gradient clipping and AdamW. The rows are a heavy-tailed mix (Pareto, alpha 1.1) of --min-len..--max-len
+autocast with float32 master weights, attention per packed sequence (`polarproxy_varlen`, the trainer's
+default; --attn sdpa for transformers' block-diagonal mask, flash_attention_2 where flash-attn is
+installed), chunked logprobs over the trainable tokens, the GRPO loss, backward, gradient clipping and
+AdamW. The rows are a heavy-tailed mix (Pareto, alpha 1.1) of --min-len..--max-len
 tokens, half of each trainable.
 
 MFU = achieved model FLOP/s ÷ the device's peak dense bf16 FLOP/s (--peak-tflops; default 989 for an
@@ -29,6 +31,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from polarproxy.train.attention import VARLEN, use_packed_attention  # noqa: E402  (no torch at import)
 
 SIZES: dict[str, dict[str, int]] = {  # Qwen3 shapes (https://huggingface.co/Qwen configs)
     "tiny": {"hidden": 64, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": 32, "ffn": 192, "vocab": 1024},
@@ -77,13 +81,15 @@ def build(cfg: dict[str, int], device: Any, attn: str) -> Any:
         head_dim=cfg["head_dim"],
         max_position_embeddings=65536,
         tie_word_embeddings=cfg["hidden"] <= 1024,
-        attn_implementation=attn,
+        attn_implementation="sdpa" if attn == VARLEN else attn,
     )
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
     model.to(torch.float32)
     model.config.use_cache = False
+    if attn == VARLEN:
+        use_packed_attention(model)  # as the trainer's load_model does
     return model.train()
 
 
@@ -107,7 +113,7 @@ def main() -> None:
     p.add_argument("--budget", type=int)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--attn", default="sdpa")
+    p.add_argument("--attn", default=VARLEN)
     p.add_argument("--peak-tflops", type=float)
     p.add_argument("--json", type=Path)
     args = p.parse_args()

@@ -11,10 +11,13 @@ training step ran 0.75x the padded layout's speed).
 `AttentionInterface` and `AttentionMaskInterface`: with no padding mask it builds no mask at all and runs
 sdpa once per sequence, causal (a sliding window, where a layer has one, as a banded mask over that
 sequence alone); a row with a padding mask, or a 4D mask given by the caller, goes to transformers' own
-sdpa path unchanged. The numbers are sdpa's: same kernel, same scaling, each sequence on its own.
+sdpa path unchanged. The numbers are sdpa's: same kernel, same scaling, each sequence on its own. What
+it does not handle itself (soft-capping, attention sinks, cross-attention) goes to transformers' sdpa with
+the block-diagonal mask transformers would have built (`packed_mask`).
 
 `use_packed_attention(model)` switches a model that runs `sdpa` over to it; other implementations
-(flash-attention, eager for a model that needs it) are left as they are.
+(flash-attention, eager for a model that needs it) are left as they are. `layout.choose_layout` checks
+the result on every model before training packs anything.
 """
 
 from __future__ import annotations
@@ -56,6 +59,34 @@ def _window_mask(length: int, window: int, device: Any) -> Tensor:
     return (k <= q) & (k > q - window)
 
 
+def _row_positions(position_ids: Tensor | None, batch: int) -> list[Tensor] | None:
+    """Each batch row's position_ids (T,), or None where they cannot say where sequences start (none
+    given, or multi-axis positions such as M-RoPE's (3, B, T))."""
+    if position_ids is None or position_ids.dim() > 2:
+        return None
+    if position_ids.dim() == 1:
+        return [position_ids] * batch
+    if position_ids.shape[0] == batch:
+        return list(position_ids)
+    return [position_ids[0]] * batch if position_ids.shape[0] == 1 else None
+
+
+def packed_mask(rows: list[Tensor], sliding_window: int | None) -> Tensor:
+    """(B, 1, T, T) bool: a query sees the keys of its own sequence, causally (and within the window)."""
+    import torch
+
+    masks = []
+    for pos in rows:
+        seq = torch.zeros_like(pos)
+        seq[1:] = (pos[1:] != pos[:-1] + 1).cumsum(0)
+        q = torch.arange(pos.shape[0], device=pos.device)
+        mask = (seq[:, None] == seq[None, :]) & (q[None, :] <= q[:, None])
+        if sliding_window is not None:
+            mask &= q[None, :] > q[:, None] - sliding_window
+        masks.append(mask)
+    return torch.stack(masks)[:, None]
+
+
 def varlen_attention_forward(
     module: Any,
     query: Tensor,
@@ -73,14 +104,12 @@ def varlen_attention_forward(
     import torch
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-    if (
-        attention_mask is not None
-        or position_ids is None
-        or not getattr(module, "is_causal", True)
-        or query.shape[2] != key.shape[2]
-        or kwargs.get("softcap") is not None
-        or kwargs.get("s_aux") is not None
-    ):
+    rows = _row_positions(position_ids, query.shape[0])
+    causal_self = getattr(module, "is_causal", True) and query.shape[2] == key.shape[2]
+    plain = kwargs.get("softcap") is None and kwargs.get("s_aux") is None
+    if attention_mask is not None or rows is None or not causal_self or not plain:
+        if attention_mask is None and rows is not None and causal_self:
+            attention_mask = packed_mask(rows, sliding_window)  # what transformers' sdpa mask would be
         return sdpa_attention_forward(
             module,
             query,
@@ -100,19 +129,18 @@ def varlen_attention_forward(
     elif groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    rows = []
-    for b in range(query.shape[0]):
-        bounds = sequence_bounds(position_ids[b] if position_ids.dim() > 1 else position_ids)
+    outs = []
+    for b, pos in enumerate(rows):
         parts = []
-        for lo, hi in itertools.pairwise(bounds):
+        for lo, hi in itertools.pairwise(sequence_bounds(pos)):
             q, k, v = query[b : b + 1, :, lo:hi], key[b : b + 1, :, lo:hi], value[b : b + 1, :, lo:hi]
             if sliding_window is not None and hi - lo > sliding_window:
                 mask = _window_mask(hi - lo, sliding_window, query.device)
                 parts.append(sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, **gqa))
             else:
                 parts.append(sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, **gqa))
-        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
-    out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+        outs.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from polarproxy.train.attention import packed_mask
 from polarproxy.train.data import Sample
 
 if TYPE_CHECKING:
@@ -154,15 +155,6 @@ def _loss_tensors(
     )
 
 
-def block_causal_mask(lengths: Sequence[int]) -> Tensor:
-    """(1, 1, T, T) bool: query q may attend key k iff both are in the same sequence and k <= q."""
-    import torch
-
-    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(list(lengths)))
-    causal = torch.ones(len(seg), len(seg), dtype=torch.bool).tril()
-    return (causal & (seg[:, None] == seg[None, :]))[None, None]
-
-
 def packed_batch(
     samples: Sequence[Sample], order: Sequence[int], weights: Sequence[float], *, mask_mode: str = "positions"
 ) -> MicroBatch:
@@ -174,7 +166,7 @@ def packed_batch(
     offsets = [sum(lengths[:j]) for j in range(len(order))]
     ids = torch.tensor([t for i in order for t in samples[i].input_ids], dtype=torch.long)[None]
     pos = torch.cat([torch.arange(n) for n in lengths])[None]
-    attn = block_causal_mask(lengths) if mask_mode == "4d" else None
+    attn = packed_mask(list(pos), None) if mask_mode == "4d" else None
     if mask_mode not in ("positions", "4d"):
         raise ValueError(f"Unknown mask mode {mask_mode!r}. Must be one of 'positions', '4d'.")
     return MicroBatch(

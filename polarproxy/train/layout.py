@@ -14,9 +14,13 @@ after every real token), so a model that fails the check trains on length-sorted
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from polarproxy.train.attention import VARLEN
 from polarproxy.train.data import Sample
+
+log = logging.getLogger("polarproxy.train")
 
 PROBE_LENGTHS = (7, 11)
 # Packed and alone differ by float rounding only (~1e-6 of the hidden states' scale in float32); a state
@@ -55,5 +59,19 @@ def packing_is_exact(model: Any) -> bool:
 
 def choose_layout(*models: Any) -> str:
     """ "packed" when packing is exact for every model given (the trained one, the reference one), else
-    "padded"."""
-    return "packed" if all(packing_is_exact(m) for m in models if m is not None) else "padded"
+    "padded". A model whose packed attention (`attention.VARLEN`) fails the check goes back to
+    transformers' sdpa (its block-diagonal mask) and is checked again."""
+    for model in models:
+        if model is None or packing_is_exact(model):
+            continue
+        if model.config._attn_implementation == VARLEN:
+            model.set_attn_implementation("sdpa")
+            if packing_is_exact(model):
+                log.warning(
+                    "%s: per-sequence attention did not match its sequences run alone; packed rows use "
+                    "transformers' sdpa with a block-diagonal mask instead.",
+                    type(model).__name__,
+                )
+                continue
+        return "padded"
+    return "packed"

@@ -12,8 +12,10 @@ torch = pytest.importorskip("torch")
 
 from polarproxy.train.attention import (  # noqa: E402
     VARLEN,
+    packed_mask,
     sequence_bounds,
     use_packed_attention,
+    varlen_attention_forward,
     varlen_mask,
 )
 from polarproxy.train.batching import packed_batch, padded_batch, step_weights  # noqa: E402
@@ -114,3 +116,50 @@ def test_only_sdpa_models_switch_and_the_saved_config_does_not_name_it(tmp_path:
     model.save_pretrained(tmp_path)  # a checkpoint others load (SGLang, vLLM, from_pretrained) as usual
     assert VARLEN not in (tmp_path / "config.json").read_text()
     assert "attn_implementation" not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_packed_mask_is_block_diagonal_causal_and_windowed() -> None:
+    pos = torch.tensor([0, 1, 2, 0, 1, 2, 3])
+    mask = packed_mask([pos], None)[0, 0]
+    assert mask.shape == (7, 7)
+    for q in range(7):
+        for k in range(7):
+            same = (q < 3) == (k < 3)
+            assert bool(mask[q, k]) == (same and k <= q), (q, k)
+    windowed = packed_mask([pos], 2)[0, 0]
+    assert windowed.sum(1).tolist() == [1, 2, 2, 1, 2, 2, 2]
+
+
+def test_what_it_hands_to_sdpa_gets_the_block_mask_not_the_whole_row() -> None:
+    """A call it does not run per sequence itself (here: an attention-sink tensor, which transformers'
+    sdpa ignores) must still keep the sequences apart: same numbers as the per-sequence path."""
+
+    class Attn(torch.nn.Module):
+        is_causal = True
+        num_key_value_groups = 2
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 10, 8, generator=g)
+    k, v = torch.randn(1, 2, 10, 8, generator=g), torch.randn(1, 2, 10, 8, generator=g)
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]])
+    own, _ = varlen_attention_forward(Attn(), q, k, v, None, scaling=0.35, position_ids=pos)
+    handed, _ = varlen_attention_forward(
+        Attn(), q, k, v, None, scaling=0.35, position_ids=pos, s_aux=torch.zeros(4)
+    )
+    whole_row, _ = varlen_attention_forward(
+        Attn(), q, k, v, None, scaling=0.35, position_ids=torch.arange(10)[None]
+    )
+    assert torch.allclose(handed, own, atol=1e-6)
+    assert not torch.allclose(whole_row, own, atol=1e-3)  # the check can tell rows apart
+
+
+def test_a_model_whose_packed_attention_fails_the_check_goes_back_to_sdpa(monkeypatch) -> None:
+    from polarproxy.train import layout
+
+    model = _qwen3()
+    use_packed_attention(model)
+    # as if per-sequence attention were wrong for this model: the first check fails, sdpa's passes
+    verdicts = iter([False, True])
+    monkeypatch.setattr(layout, "packing_is_exact", lambda m: next(verdicts))
+    assert layout.choose_layout(model) == "packed"
+    assert model.config._attn_implementation == "sdpa"
