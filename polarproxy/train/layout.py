@@ -58,8 +58,8 @@ def packing_is_exact(model: Any) -> bool:
 
 
 def choose_layout(*models: Any) -> str:
-    """ "packed" when packing is exact for every model given (the trained one, the reference one), else
-    "padded". A model whose packed attention (`attention.VARLEN`) fails the check goes back to
+    """The layout for these models (the trained one, the reference one): "packed" when packing is exact
+    for every one of them, else "padded". A model whose packed attention (`attention.VARLEN`) fails the check goes back to
     transformers' sdpa (its block-diagonal mask) and is checked again."""
     for model in models:
         if model is None or packing_is_exact(model):
