@@ -49,16 +49,6 @@ def sequence_bounds(position_ids: Tensor) -> list[int]:
     return [0, *starts.tolist(), int(position_ids.shape[0])]
 
 
-def _window_mask(length: int, window: int, device: Any) -> Tensor:
-    """(length, length) bool: causal, and key within `window` positions of the query (transformers'
-    sliding-window rule: k > q - window)."""
-    import torch
-
-    q = torch.arange(length, device=device)[:, None]
-    k = torch.arange(length, device=device)[None, :]
-    return (k <= q) & (k > q - window)
-
-
 def _row_positions(position_ids: Tensor | None, batch: int) -> list[Tensor] | None:
     """Each batch row's position_ids (T,), or None where they cannot say where sequences start (none
     given, or multi-axis positions such as M-RoPE's (3, B, T))."""
@@ -135,7 +125,7 @@ def varlen_attention_forward(
         for lo, hi in itertools.pairwise(sequence_bounds(pos)):
             q, k, v = query[b : b + 1, :, lo:hi], key[b : b + 1, :, lo:hi], value[b : b + 1, :, lo:hi]
             if sliding_window is not None and hi - lo > sliding_window:
-                mask = _window_mask(hi - lo, sliding_window, query.device)
+                mask = packed_mask([pos[lo:hi]], sliding_window)[0, 0]
                 parts.append(sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, **gqa))
             else:
                 parts.append(sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, **gqa))

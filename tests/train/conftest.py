@@ -87,6 +87,70 @@ def jsonl():
     return write_jsonl
 
 
+# The shape of the tiny models built from a config in the trainer's tests (random weights, no download).
+TINY_SHAPE = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
+)
+
+
+def tiny_qwen3(**extra: Any) -> Any:
+    """A tiny Qwen3 (attention only), float32, eval mode; `extra` overrides the config."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(**(TINY_SHAPE | extra))).to(torch.float32).eval()
+
+
+def tiny_qwen3_5(**extra: Any) -> Any:
+    """A tiny Qwen3.5 text model: one linear-attention (gated delta-net) layer, then one full-attention
+    layer; logits far from uniform (initializer_range 0.2), so what a row sees shows in its logprobs."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
+
+    linear = dict(
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4
+    )
+    config = Qwen3_5TextConfig(
+        **(TINY_SHAPE | linear | {"full_attention_interval": 2, "initializer_range": 0.2} | extra)
+    )
+    assert config.layer_types == ["linear_attention", "full_attention"]
+    torch.manual_seed(0)
+    return Qwen3_5ForCausalLM(config).to(torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """(tiny_qwen3, tiny_qwen3_5): builders of the tiny models above."""
+    return tiny_qwen3, tiny_qwen3_5
+
+
+def logprobs_three_ways(model: Any, samples: list[Any]) -> tuple[Any, Any, Any]:
+    """(packed, padded, behaviour) logprobs of the trainable tokens of `samples`, all rows in one
+    micro-batch, under no_grad; behaviour is what the rows carry (each scored alone by `score`)."""
+    from polarproxy.train.batching import packed_batch, padded_batch, step_weights
+    from polarproxy.train.logprobs import batch_logprobs
+
+    order = list(range(len(samples)))
+    weights = step_weights(samples, "token-mean")
+    with torch.no_grad():
+        packed, _ = batch_logprobs(model, packed_batch(samples, order, weights))
+        padded, _ = batch_logprobs(model, padded_batch(samples, order, weights, pad_id=0))
+    return packed, padded, packed_batch(samples, order, weights).behaviour_logp
+
+
+@pytest.fixture
+def three_ways():
+    """logprobs_three_ways(model, samples) -> (packed, padded, behaviour)."""
+    return logprobs_three_ways
+
+
 @pytest.fixture
 def rows_of():
     """rows_of(model_dir, **options) -> export rows scored by that model (`make_rows`)."""

@@ -29,24 +29,6 @@ def test_sequence_bounds_split_where_positions_restart() -> None:
     assert sequence_bounds(torch.arange(5)) == [0, 5]
 
 
-def _qwen3(**extra):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        **extra,
-    )
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(config).to(torch.float32).eval()
-
-
 def _samples(lengths: list[int]) -> list[Sample]:
     out = []
     for j, n in enumerate(lengths):
@@ -68,8 +50,8 @@ def _rows_one_by_one(model, samples: list[Sample]) -> torch.Tensor:
     [{}, {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}],
     ids=["full", "sliding-window-4"],
 )
-def test_a_packed_row_equals_its_rows_run_alone_and_builds_no_mask(monkeypatch, extra) -> None:
-    model = _qwen3(**extra)
+def test_a_packed_row_equals_its_rows_run_alone_and_builds_no_mask(monkeypatch, extra, tiny_models) -> None:
+    model = tiny_models[0](**extra)
     samples = _samples([9, 1, 5, 12, 3])
     weights = step_weights(samples, "token-mean")
     with torch.no_grad():
@@ -92,8 +74,8 @@ def test_a_packed_row_equals_its_rows_run_alone_and_builds_no_mask(monkeypatch, 
         assert unmasked == causal == (window is None or length <= window), (length, unmasked, causal)
 
 
-def test_padded_rows_and_explicit_masks_keep_sdpa_numbers() -> None:
-    model = _qwen3()
+def test_padded_rows_and_explicit_masks_keep_sdpa_numbers(tiny_models) -> None:
+    model = tiny_models[0]()
     samples = _samples([9, 1, 5])
     weights = step_weights(samples, "token-mean")
     with torch.no_grad():
@@ -107,8 +89,8 @@ def test_padded_rows_and_explicit_masks_keep_sdpa_numbers() -> None:
     assert varlen_mask(1, 4, 4, attention_mask=None) is None
 
 
-def test_only_sdpa_models_switch_and_the_saved_config_does_not_name_it(tmp_path: Path) -> None:
-    model = _qwen3()
+def test_only_sdpa_models_switch_and_the_saved_config_does_not_name_it(tmp_path: Path, tiny_models) -> None:
+    model = tiny_models[0]()
     model.set_attn_implementation("eager")
     assert use_packed_attention(model) == "eager"
     model.set_attn_implementation("sdpa")
@@ -153,10 +135,10 @@ def test_what_it_hands_to_sdpa_gets_the_block_mask_not_the_whole_row() -> None:
     assert not torch.allclose(whole_row, own, atol=1e-3)  # the check can tell rows apart
 
 
-def test_a_model_whose_packed_attention_fails_the_check_goes_back_to_sdpa(monkeypatch) -> None:
+def test_a_model_whose_packed_attention_fails_the_check_goes_back_to_sdpa(monkeypatch, tiny_models) -> None:
     from polarproxy.train import layout
 
-    model = _qwen3()
+    model = tiny_models[0]()
     use_packed_attention(model)
     # as if per-sequence attention were wrong for this model: the first check fails, sdpa's passes
     verdicts = iter([False, True])

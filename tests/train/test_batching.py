@@ -101,19 +101,16 @@ def test_packed_batch_gives_the_loss_and_gradients_of_the_unpacked_rows(
         assert torch.allclose(grads_p[name], grads_u[name], atol=1e-5, rtol=1e-4), name
 
 
-def test_padded_batch_of_many_rows_matches_the_packed_one(random_model_dir: Path, scored_rows) -> None:
+def test_padded_batch_of_many_rows_matches_the_packed_one(
+    random_model_dir: Path, scored_rows, three_ways
+) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_dir), dtype=torch.float32).eval()
-    samples = samples_from_rows(scored_rows)
-    order = list(range(len(samples)))
-    weights = step_weights(samples, "token-mean")
-    with torch.no_grad():
-        lp_packed, _ = batch_logprobs(model, packed_batch(samples, order, weights))
-        lp_padded, _ = batch_logprobs(model, padded_batch(samples, order, weights, pad_id=0))
+    lp_packed, lp_padded, behaviour = three_ways(model, samples_from_rows(scored_rows))
     assert torch.allclose(lp_packed, lp_padded, atol=1e-5)
     # behaviour logprobs are the model's own: ratio 1
-    assert torch.allclose(lp_packed, packed_batch(samples, order, weights).behaviour_logp, atol=1e-4)
+    assert torch.allclose(lp_packed, behaviour, atol=1e-4)
 
 
 def test_micro_batches_split_by_budget_and_cover_every_trainable_token(scored_rows) -> None:

@@ -11,59 +11,29 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from polarproxy.train import TrainConfig, train  # noqa: E402
-from polarproxy.train.batching import micro_batches, packed_batch, padded_batch, step_weights  # noqa: E402
+from polarproxy.train.batching import micro_batches, packed_batch, step_weights  # noqa: E402
 from polarproxy.train.checkpoint import META  # noqa: E402
 from polarproxy.train.data import samples_from_rows  # noqa: E402
 from polarproxy.train.layout import choose_layout, packing_is_exact  # noqa: E402
-from polarproxy.train.logprobs import batch_logprobs, hidden_states  # noqa: E402
+from polarproxy.train.logprobs import hidden_states  # noqa: E402
 from polarproxy.train.metrics import read_metrics  # noqa: E402
 
 
-def _qwen3_5(vocab: int = 97):
-    """A tiny Qwen3.5 text model: one linear-attention (gated delta-net) layer, one full-attention layer."""
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
-
-    config = Qwen3_5TextConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        full_attention_interval=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,  # far from uniform logits, so what a row sees shows in its logprobs
-    )
-    assert config.layer_types == ["linear_attention", "full_attention"]
-    torch.manual_seed(0)
-    return Qwen3_5ForCausalLM(config).to(torch.float32)
-
-
 @pytest.fixture(scope="module")
-def qwen3_5_dir(tmp_path_factory) -> Path:
+def qwen3_5_dir(tmp_path_factory, tiny_models) -> Path:
     d = tmp_path_factory.mktemp("qwen3_5")
-    _qwen3_5(vocab=512).save_pretrained(d)
+    tiny_models[1](vocab_size=512).save_pretrained(d)
     return d
 
 
-def test_packing_carries_linear_attention_state_across_sequences(qwen3_5_dir: Path, rows_of) -> None:
+def test_packing_carries_linear_attention_state_across_sequences(
+    qwen3_5_dir: Path, rows_of, three_ways
+) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(qwen3_5_dir), dtype=torch.float32).eval()
-    rows = rows_of(qwen3_5_dir, groups=1, per_group=3)
-    samples = samples_from_rows(rows)
-    order = list(range(len(samples)))
-    weights = step_weights(samples, "token-mean")
-    with torch.no_grad():
-        packed, _ = batch_logprobs(model, packed_batch(samples, order, weights))
-        padded, _ = batch_logprobs(model, padded_batch(samples, order, weights, pad_id=0))
-    own = packed_batch(samples, order, weights).behaviour_logp  # each row scored alone
+    samples = samples_from_rows(rows_of(qwen3_5_dir, groups=1, per_group=3))
+    packed, padded, own = three_ways(model, samples)  # own: each row scored alone
     # why the layout exists: packed, the later rows start from the earlier rows' state
     assert (packed - own).abs().max() > 1e-3
     assert torch.allclose(padded, own, atol=1e-4)
@@ -72,13 +42,13 @@ def test_packing_carries_linear_attention_state_across_sequences(qwen3_5_dir: Pa
     assert model.training  # the probe gives the model back in the mode it found it
 
 
-def test_attention_only_models_pack(random_model_dir: Path) -> None:
+def test_attention_only_models_pack(random_model_dir: Path, tiny_models) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_dir), dtype=torch.float32)
     assert packing_is_exact(model)
     assert choose_layout(model, None) == "packed"
-    assert choose_layout(model, _qwen3_5()) == "padded"  # a reference model that cannot pack
+    assert choose_layout(model, tiny_models[1]()) == "padded"  # a reference model that cannot pack
 
 
 def test_padded_micro_batches_are_length_sorted_within_budget_and_cover_every_token(scored_rows) -> None:
