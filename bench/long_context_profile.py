@@ -29,7 +29,7 @@ STAGES: list[tuple[str, str, str]] = [
     ("store: SQL (sqlalchemy, sqlite3)", "", "sqlalchemy"),
     ("store: SQL (sqlalchemy, sqlite3)", "", "sqlite3"),
     ("store: other", "", "polarproxy/store/"),
-    ("store writer thread (queue, settle)", "", "capture/store_writer.py"),
+    ("store writer thread (queue, settle)", "", "store/writer.py"),
     ("request parse (dialect, conversation)", "", "polarproxy/dialects/"),
     ("request parse (dialect, conversation)", "", "polarproxy/conversation.py"),
     ("addon (request parse, redaction, hand-off)", "", "capture/addon.py"),

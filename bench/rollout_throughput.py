@@ -2,7 +2,7 @@
 
     python bench/rollout_throughput.py [--quick] [--episodes 64] [--concurrency 8] [--json OUT]
 
-Both modes run the same episodes through the same in-process gateway (rollout/gateway.py `LocalGateway`,
+Both modes run the same episodes through the same in-process gateway (rollout/episodes.py `LocalGateway`,
 the one `polarproxy rollout --backend ... --db ...` starts) in front of a fixed-answer backend double
 (backends/stub.py), with the same stage functions (rollout/stages.py: prewarm, execute, evaluate,
 reconstruct):
@@ -273,8 +273,8 @@ def bench(args: Any) -> dict[str, Any]:
     import statistics
     import tempfile
 
-    from polarproxy.capture.runner import ProxyConfig
-    from polarproxy.rollout.gateway import LocalGateway
+    from polarproxy.capture.stack import ProxyConfig
+    from polarproxy.rollout.episodes import LocalGateway
     from polarproxy.rollout.sandbox import get_runner
     from polarproxy.rollout.stages import Settings
 

@@ -140,7 +140,7 @@ def _workload(seed: int, episodes: int, calls: int) -> list[list[tuple[CallStart
 def _writer_process(url: str, episodes: int, calls: int, seed: int, ready: Any, start: Any, out: Any) -> None:
     from dataclasses import replace
 
-    from polarproxy.capture.store_writer import StoreWriter
+    from polarproxy.store.writer import StoreWriter
 
     store = Store.open(url)
     writer = StoreWriter(store)

@@ -1,4 +1,4 @@
-"""Python client of `polarproxy serve`'s control API (capture/control.py): episodes and the trajectory stream.
+"""Python client of `polarproxy serve`'s control API (control/api.py): episodes and the trajectory stream.
 
     from polarproxy.client import Client
 
@@ -35,26 +35,24 @@ class ControlError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class EpisodeHandle:
-    """A created episode: its ID, the API key its harness sends, and the base URL per SDK family."""
+    """A created episode: its ID, the API key its harness sends, and the base URL per SDK family (openai
+    ends in /v1, anthropic, gemini)."""
 
     episode_id: str
     api_key: str = field(repr=False)  # a secret: not shown in reprs or logs
-    base_urls: dict[str, str]
+    base_urls: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def proxy_url(self) -> str:
+        """The gateway's URL, no /v1 (what a harness preset's {proxy_url} is)."""
+        return self.base_urls["anthropic"]
 
     def env(self) -> dict[str, str]:
-        """Environment variables that point every provider SDK at the proxy with this episode's key (as
-        `record` sets them for its child, capture/runner.py `harness_env`, but with the episode's own key)."""
-        root = self.base_urls["anthropic"]
-        return {
-            "OPENAI_BASE_URL": self.base_urls["openai"],
-            "OPENAI_API_KEY": self.api_key,
-            "ANTHROPIC_BASE_URL": root,
-            "ANTHROPIC_API_KEY": self.api_key,
-            "GOOGLE_GEMINI_BASE_URL": self.base_urls["gemini"],
-            "GEMINI_API_KEY": self.api_key,
-            "POLARPROXY_URL": root,
-            "POLARPROXY_EPISODE": self.episode_id,
-        }
+        """Environment variables that point every provider SDK at the proxy with this episode's key (the
+        variables `record` sets for its child, harness/env.py, with the episode's own key)."""
+        from polarproxy.harness.env import sdk_env
+
+        return sdk_env(self.base_urls, self.api_key, self.episode_id)
 
 
 def _headers(token: str | None) -> dict[str, str]:

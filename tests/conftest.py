@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -171,3 +172,43 @@ def pg_server() -> Iterator[PgServer]:
         yield PgServer(cluster.url, cluster.data)
     finally:
         cluster.destroy()
+
+
+class StubThread:
+    """The fixed-time backend double on its own loop, for fault tests."""
+
+    def __init__(self, cfg) -> None:
+        from polarproxy.backends.stub import StubBackend
+
+        self.cfg = cfg
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.stub = StubBackend(cfg)
+        port = asyncio.run_coroutine_threadsafe(self.stub.start(), self.loop).result(10)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.stub.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def make_stub(tiny_model_dir: Path):
+    """make_stub(reply_text, **StubConfig fields) -> a running stub that answers with that text's tokens."""
+    from polarproxy.backends.stub import StubConfig
+    from polarproxy.render.renderer import Renderer
+
+    renderer = Renderer(tiny_model_dir)
+    stubs: list[StubThread] = []
+
+    def make(reply: str = "Hello there.", **kw) -> StubThread:
+        ids = [*renderer.encode(reply), renderer.stop_token_ids[0]]
+        s = StubThread(StubConfig(output_ids=ids, **kw))
+        stubs.append(s)
+        return s
+
+    yield make
+    for s in stubs:
+        s.stop()

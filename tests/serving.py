@@ -1,4 +1,4 @@
-"""`polarproxy serve` (capture/runner.py `serve`, control API included) in a thread, and a stub backend, for the
+"""`polarproxy serve` (control/serve.py, control API included) in a thread, and a stub backend, for the
 tests of the control API, the client and T2 across restarts (import as `from serving import ...`)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import threading
 from pathlib import Path
 
 from polarproxy.backends.stub import StubBackend, StubConfig
-from polarproxy.capture.runner import ProxyConfig, serve
+from polarproxy.capture.stack import ProxyConfig
+from polarproxy.control.serve import serve
 from polarproxy.render.renderer import Renderer
 
 

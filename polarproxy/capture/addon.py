@@ -10,36 +10,61 @@ capture/inprocess.py). Anything else gets a provider-shaped 404; nothing reaches
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 
 from polarproxy.capture import inprocess
-from polarproxy.capture.gateway import JSON_HEADERS, Gateway, GatewayOptions, PendingCall
+from polarproxy.capture.gateway import JSON_HEADERS, Gateway, PendingCall
 from polarproxy.capture.responder import Responder
-from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
 from polarproxy.dialects.resend import ResentBodies
 from polarproxy.redact import redact_headers, redact_path
+from polarproxy.store.ids import EPISODE_ID
 from polarproxy.store.records import CallStart, EpisodeStart
+from polarproxy.store.writer import StoreWriter
 
 if TYPE_CHECKING:
-    from polarproxy.capture.control import Control
+    from polarproxy.capture.stack import ProxyConfig, Stack
 
 log = logging.getLogger("polarproxy.addon")
 
 EPISODE_HEADER = "x-polarproxy-episode"
-_EPISODE_PATH = re.compile(r"^/e/([A-Za-z0-9_.:-]{1,128})(/.*)$")
+_EPISODE_PATH = re.compile(f"^/e/({EPISODE_ID})(/.*)$")
 META_KEY = "polarproxy.flow"
 CONTROL_PREFIX = "/polarproxy/"  # polarproxy's own routes (rewards); never a provider route
 REWARD_ROUTE = "/polarproxy/v1/episodes/{id}/reward"
-_REWARD_PATH = re.compile(r"^/polarproxy/v1/episodes/([A-Za-z0-9_.:-]{1,128})/reward/?$")
+_REWARD_PATH = re.compile(f"^/polarproxy/v1/episodes/({EPISODE_ID})/reward/?$")
+
+
+class Refused(Protocol):
+    """Why a harness call is not served: the status, message and code of its dialect's error shape."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def code(self) -> str: ...
+
+
+class ControlAPI(Protocol):
+    """What the recorder needs of `serve`'s control API (control/api.py): routing a harness call to its
+    episode, and answering the control routes."""
+
+    async def episode_for(
+        self, req: http.Request, named: str | None, from_path: bool
+    ) -> str | Refused | None: ...
+
+    async def answer(self, flow: http.HTTPFlow) -> bool: ...
 
 
 class Recorder:
@@ -59,8 +84,13 @@ class Recorder:
         self.model_name = model_name
         self._injected = gateway is not None
         self.responder: Responder | None = None
-        # `serve`'s control API and episode routing (capture/control.py); None: `record` and mitmdump
-        self.control: Control | None = None
+        # `serve`'s control API and episode routing (control/api.py); None: `record` and mitmdump
+        self.control: ControlAPI | None = None
+        # mitmdump: the options' configuration, and the stack built from it once mitmproxy runs
+        self._config: ProxyConfig | None = None
+        self._stack: Stack | None = None
+        self._starting: asyncio.Future[None] | None = None
+        self._failed: str | None = None  # why the stack could not be built: every call is refused
         # the last long request of each recent episode: the next one parses only its new messages
         self.resent = ResentBodies()
 
@@ -72,7 +102,20 @@ class Recorder:
             "polarproxy_backend",
             str,
             "",
-            "Backend URL (SGLang-compatible /generate). Default: the reverse target.",
+            "Backend URL (SGLang, vLLM or `polarproxy backend`). Default: the reverse target.",
+        )
+        loader.add_option(
+            "polarproxy_backend_kind",
+            str,
+            "",
+            "What serves the backend URL: sglang, vllm or local. Default: detected from what it answers.",
+        )
+        loader.add_option(
+            "polarproxy_backend_mode",
+            str,
+            "tokens",
+            "tokens: polarproxy renders the prompt and sends token IDs (T2 holds); chat: the server renders "
+            "it from /v1/chat/completions.",
         )
         loader.add_option(
             "polarproxy_db",
@@ -123,42 +166,48 @@ class Recorder:
                 "polarproxy_backend is not set and the mode is not reverse:URL. "
                 "Pass --set polarproxy_backend=http://HOST:PORT or --mode reverse:http://HOST:PORT."
             )
-        from polarproxy.backends.sglang import SGLangBackend
+        from polarproxy.backends.selection import KINDS, MODES, SelectionError, check_choice
+        from polarproxy.capture.stack import ProxyConfig
         from polarproxy.errors import PolarproxyError
         from polarproxy.render.family import check_reasoning_format, check_tool_format
         from polarproxy.render.prefix import check_policy
         from polarproxy.render.renderer import Renderer
-        from polarproxy.store.store import Store
 
         try:
             policy = check_policy(opts.polarproxy_prefix_policy)
             tool, reasoning = opts.polarproxy_tool_format, opts.polarproxy_reasoning_format
             tool_format = check_tool_format(tool) if tool else None
             reasoning_format = check_reasoning_format(reasoning) if reasoning else None
-            renderer = Renderer(opts.polarproxy_model)
-            store = Store.open(opts.polarproxy_db or None)
+            kind = check_choice(opts.polarproxy_backend_kind or None, KINDS, "backend kind")
+            mode = check_choice(opts.polarproxy_backend_mode, MODES, "backend mode")
+            model = Renderer(opts.polarproxy_model, defer=True).model_dir  # the folder checked, not loaded
         except PolarproxyError as e:
             raise exceptions.OptionsError(f"{e.message} {e.hint or ''}".strip()) from e
-        except Exception as e:  # the store raises its own error types
+        except SelectionError as e:
             raise exceptions.OptionsError(str(e)) from e
-        self.writer = StoreWriter(store)
-        self.gateway = Gateway(
-            renderer=renderer,
-            backend=SGLangBackend(backend_url),
-            store=self.writer,
-            options=GatewayOptions(
-                max_tokens_default=opts.polarproxy_max_tokens,
-                prefix_policy=policy,
-                tool_format=tool_format,
-                reasoning_format=reasoning_format,
-            ),
+        self._config = ProxyConfig(
+            backend=backend_url,
+            model=Path(model),
+            db=opts.polarproxy_db or None,
+            max_tokens_default=opts.polarproxy_max_tokens,
+            backend_kind=kind,
+            backend_mode=mode or "tokens",
+            prefix_policy=policy,
+            tool_format=tool_format,
+            reasoning_format=reasoning_format,
         )
         self.default_episode = opts.polarproxy_episode or None
-        self.model_name = renderer.model_dir.name
+        self.model_name = Path(model).name
         if "connection_strategy" in opts and opts.connection_strategy != "lazy":
             opts.update(connection_strategy="lazy")  # never dial the reverse target on connect
 
     async def running(self) -> None:
+        if self._config is not None and not self._injected:  # mitmdump: the same assembly as `record`
+            self._starting = asyncio.get_running_loop().create_future()
+            try:
+                await self._start_stack(self._config)
+            finally:
+                self._starting.set_result(None)
         if self.gateway is None:
             return
         self.responder = Responder(self.gateway.serve)
@@ -167,17 +216,41 @@ class Recorder:
         if self.default_episode is None and not self._injected and self.writer is not None:  # mitmdump
             self.default_episode = await self.writer.create_episode(EpisodeStart(command=["mitmdump"]))
 
+    async def _start_stack(self, cfg: ProxyConfig) -> None:
+        """Build the stack (capture/stack.py: store, backend detection, gateway); on failure log the reason
+        (mitmdump then exits 1) and refuse every call."""
+        from polarproxy.capture.stack import open_stack
+        from polarproxy.errors import PolarproxyError
+
+        try:
+            stack = await open_stack(cfg, defer_tokenizer=False)
+        except PolarproxyError as e:
+            self._failed = f"{e.message} {e.hint or ''}".strip()
+        except Exception as e:  # the store raises its own error types
+            self._failed = f"{type(e).__name__}: {e}"
+        else:
+            self._stack, self.gateway, self.writer = stack, stack.gateway, stack.writer
+            return
+        log.error("polarproxy cannot start: %s", self._failed)
+
     async def done(self) -> None:
         if self.responder is not None:
             await self.responder.stop()
-        if not self._injected and self.gateway is not None:
-            await self.gateway.backend.aclose()
-            if self.writer is not None:
-                self.writer.close()
+        if self._stack is not None:
+            from polarproxy.capture.stack import close_stack
+
+            await close_stack(self._stack)
 
     # -- flows ----------------------------------------------------------------------------------
 
     async def request(self, flow: http.HTTPFlow) -> None:
+        if self._starting is not None and not self._starting.done():
+            await asyncio.shield(self._starting)  # mitmdump serves before its stack is built: wait for it
+        if self._failed is not None:  # fail closed: nothing reaches the backend unrecorded
+            dialect = route(flow.request.method, flow.request.path.partition("?")[0]) or OPENAI_CHAT
+            message = f"polarproxy cannot serve: {self._failed}"
+            flow.response = http.Response.make(503, dialect.error(503, message, "unavailable"), JSON_HEADERS)
+            return
         if self.gateway is None or self.responder is None or self.writer is None:
             return
         req = flow.request

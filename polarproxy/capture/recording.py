@@ -14,13 +14,13 @@ import os
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
-from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
 from polarproxy.redact import redact_argv
 from polarproxy.store.records import EpisodeStart
 from polarproxy.store.schema import episodes
 from polarproxy.store.store import Store
 from polarproxy.store.urls import display_url
+from polarproxy.store.writer import StoreWriter
 
 STORE_HINT = "Pass --db PATH to a writable file, or set POLARPROXY_DB."
 

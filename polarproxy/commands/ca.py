@@ -14,8 +14,8 @@ ca_app = typer.Typer(
 @ca_app.command("path")
 def ca_path() -> None:
     """Print the CA certificate's path (created on first use)."""
-    from polarproxy.capture.intercept.command import ca_path as get_path
     from polarproxy.errors import PolarproxyError
+    from polarproxy.harness.intercept.command import ca_path as get_path
 
     try:
         typer.echo(get_path())
@@ -26,8 +26,8 @@ def ca_path() -> None:
 @ca_app.command("install-hint")
 def ca_install_hint() -> None:
     """Show how to make other programs or machines trust the CA."""
-    from polarproxy.capture.intercept.command import ca_install_hint as hint
     from polarproxy.errors import PolarproxyError
+    from polarproxy.harness.intercept.command import ca_install_hint as hint
 
     try:
         typer.echo(hint())

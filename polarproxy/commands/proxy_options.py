@@ -141,7 +141,7 @@ def proxy_config(
             "chat template the backend serves. `polarproxy tiny-model ./tiny` builds one.",
         )
     backend = check_backend_url(backend)
-    from polarproxy.capture.runner import ProxyConfig
+    from polarproxy.capture.stack import ProxyConfig
 
     cfg = ProxyConfig(
         backend=backend,

@@ -235,7 +235,7 @@ def record(
     preset = None
     try:
         if harness_file is not None or harness is not None:  # YAML is read only for a preset
-            from polarproxy.capture.presets import get_preset, load_preset_file
+            from polarproxy.harness.presets import get_preset, load_preset_file
         if harness_file is not None:
             preset = load_preset_file(harness_file)
             if harness is not None and harness != preset.name:
@@ -268,31 +268,35 @@ def record(
         task=task,
         group=group,
     )
+    verifier = None
     if reward_cmd is not None:
         from polarproxy.rewards import Verifier
 
         try:
-            cfg.verifier = Verifier(reward_cmd, reward_from.value, reward_timeout)  # type: ignore[arg-type]
+            verifier = Verifier(reward_cmd, reward_from.value, reward_timeout)  # type: ignore[arg-type]
         except ValueError as e:
             usage_fail(str(e), "See `polarproxy record --help` and docs/usage.md (Rewards).")
     elif reward_from is not RewardFrom.exit or reward_timeout != 600.0:
         usage_fail(
             "--reward-from and --reward-timeout go with --reward-cmd.", "Add --reward-cmd CMD, or drop them."
         )
+    from polarproxy.harness.record import HarnessRun
+
+    run = HarnessRun(verifier=verifier)
     if preset is not None:
-        cfg.preset, cfg.api, cfg.model_name = preset, chosen_api, model_name
+        run.preset, run.api, run.model_name = preset, chosen_api, model_name
         cfg.metadata["model_name"] = model_name or cfg.model.name
         if chosen_api is not None:
             cfg.metadata["api"] = chosen_api
-    _run_gateway(cfg, list(command), json_out=json_out, json_file=json_file)
+    _run_gateway(cfg, run, list(command), json_out=json_out, json_file=json_file)
 
 
-def _run_gateway(cfg: Any, command: list[str], *, json_out: bool, json_file: Path | None) -> None:
-    from polarproxy.capture.runner import record as run_record
+def _run_gateway(cfg: Any, run: Any, command: list[str], *, json_out: bool, json_file: Path | None) -> None:
     from polarproxy.errors import PolarproxyError
+    from polarproxy.harness.record import record as run_record
 
     try:
-        outcome = asyncio.run(run_record(cfg, command))
+        outcome = asyncio.run(run_record(cfg, command, run=run))
     except PolarproxyError as e:
         fail(e.message, e.hint)
     summarize(outcome, cfg.db, mode="gateway", json_out=json_out, json_file=json_file)
@@ -315,9 +319,9 @@ def _record_intercept(
     json_file: Path | None,
     gateway_only: list[str],
 ) -> None:
-    from polarproxy.capture.intercept.command import run_record_intercept
-    from polarproxy.capture.presets import get_preset
     from polarproxy.errors import PolarproxyError
+    from polarproxy.harness.intercept.command import run_record_intercept
+    from polarproxy.harness.presets import get_preset
 
     if gateway_only:
         usage_fail(

@@ -208,7 +208,7 @@ def _ray_target(ray: str | None, serve: str | None, db: str | None) -> Any:
 def _preset(harness: str | None) -> Any:
     if harness is None:
         return None
-    from polarproxy.capture.presets import get_preset
+    from polarproxy.harness.presets import get_preset
 
     return get_preset(harness)
 
@@ -240,7 +240,7 @@ def run_rollout(
     """Start (or reach) the gateway, run the plan, return (summary, whether every episode finished)."""
     import tempfile
 
-    from polarproxy.rollout.gateway import ControlEpisodes, LocalGateway
+    from polarproxy.rollout.episodes import ControlEpisodes, LocalGateway
     from polarproxy.rollout.run import Plan, Rollout, new_rollout_id, start_relay, summary
     from polarproxy.rollout.stages import Settings
 

@@ -51,8 +51,8 @@ def serve(
     ] = None,
 ) -> None:
     """Run the recording proxy until interrupted (episodes from the x-polarproxy-episode header or /e/ID/ paths)."""
-    from polarproxy.capture.runner import serve as run_serve
     from polarproxy.commands.backend import check_port_free
+    from polarproxy.control.serve import serve as run_serve
     from polarproxy.errors import PolarproxyError
 
     cfg = proxy_config(

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from polarproxy.client import EpisodeHandle
 from polarproxy.errors import UsageError
-from polarproxy.rollout.gateway import EpisodeHandle, Episodes, PriorEpisode
+from polarproxy.rollout.episodes import Episodes, PriorEpisode
 from polarproxy.rollout.run import FINISHED, Plan, Rollout, plan_jobs, start_relay
 from polarproxy.rollout.stages import STAGES, Job, Settings, group_id
 from polarproxy.rollout.tasks import Task
@@ -177,7 +178,7 @@ class NodeRunner:
     """The actor on one node: a gateway and the stage pools; `run` takes one job and returns its result."""
 
     def __init__(self, spec: NodeSpec, node_id: str) -> None:
-        from polarproxy.rollout.gateway import LocalGateway
+        from polarproxy.rollout.episodes import LocalGateway
 
         self.node_id, rid = node_id, spec.settings.rollout_id
         cfg = copy.copy(spec.cfg)

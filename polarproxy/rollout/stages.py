@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polarproxy.client import EpisodeHandle
+from polarproxy.harness.env import harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
-from polarproxy.rollout.gateway import EpisodeHandle, Episodes, LocalGateway
+from polarproxy.rollout.episodes import Episodes, LocalGateway
 from polarproxy.rollout.sandbox import ProcessResult, Runner, SandboxSpec, run_process
 from polarproxy.rollout.tasks import Task
 
@@ -153,21 +155,8 @@ def harness_command(s: Settings, instruction: str) -> list[str]:
 
 def episode_env(job: Job, s: Settings, handle: EpisodeHandle) -> dict[str, str]:
     """The harness's environment: every provider SDK pointed at this episode, keyed with its api_key."""
-    env = _base_env(job)
-    env.update(
-        {
-            "OPENAI_BASE_URL": handle.base_urls["openai"],
-            "OPENAI_API_KEY": handle.api_key,
-            "ANTHROPIC_BASE_URL": handle.base_urls["anthropic"],
-            "ANTHROPIC_API_KEY": handle.api_key,
-            "GOOGLE_GEMINI_BASE_URL": handle.base_urls["gemini"],
-            "GEMINI_API_KEY": handle.api_key,
-            "POLARPROXY_URL": handle.proxy_url,
-            "POLARPROXY_EPISODE": handle.episode_id,
-            "POLARPROXY_INSTRUCTION": job.task.instruction,
-        }
-    )
-    env.pop("ANTHROPIC_AUTH_TOKEN", None)
+    env = harness_env(_base_env(job), handle.base_urls, handle.api_key, handle.episode_id)
+    env["POLARPROXY_INSTRUCTION"] = job.task.instruction
     if s.preset is not None:
         rendered = s.preset.render(
             proxy_url=handle.proxy_url, key=handle.api_key, model=s.model_name, home=job.home, api=s.api

@@ -8,6 +8,7 @@ random part of the previous ID is incremented instead of drawn again (as ULIDs d
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
@@ -20,6 +21,11 @@ EPISODE_PREFIX = "ep_"
 CALL_PREFIX = "call_"
 EPISODE_ID_CHARS = 12
 CALL_ID_CHARS = 16
+
+# The rule every episode ID a harness or a user may name follows (a header, an /e/ID/ path, a control
+# route): 1-128 characters of A-Z a-z 0-9 _ . : -. IDs made here (`ep_` + base32) follow it too.
+EPISODE_ID = r"[A-Za-z0-9_.:-]{1,128}"
+EPISODE_ID_RULE = re.compile(f"^{EPISODE_ID}$")
 
 
 def _encode(value: int, width: int) -> str:

@@ -16,7 +16,7 @@ from vllm_double import VLLMDouble, VLLMFault
 
 from polarproxy.backends.base import BackendError, GenerateParams
 from polarproxy.backends.chat import ChatBackend, chat_request
-from polarproxy.capture.runner import ProxyConfig
+from polarproxy.capture.stack import ProxyConfig
 from polarproxy.conversation import Conversation, Message, Tool
 from polarproxy.render.renderer import Renderer
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 from mitmproxy import exceptions
@@ -22,7 +24,7 @@ def chat_flow(body: bytes, path: str = "/v1/chat/completions", headers: dict | N
 
 
 @pytest.fixture
-def configured(tiny_model_dir, tmp_path):
+async def configured(tiny_model_dir, tmp_path):
     addon = Recorder()
     with taddons.context(addon) as tctx:
         tctx.configure(
@@ -31,6 +33,10 @@ def configured(tiny_model_dir, tmp_path):
             polarproxy_model=str(tiny_model_dir),
             polarproxy_db=str(tmp_path / "a.db"),
             polarproxy_episode="ep_addon",
+        )
+        # the stack mitmdump builds once it runs (capture/stack.py), without a backend to detect
+        await addon._start_stack(
+            dataclasses.replace(addon._config, check_backend=False, backend_kind="sglang")
         )
         addon.responder = Responder(addon.gateway.serve)
         addon.responder.port = 4242

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 import pytest
 from mitmproxy import exceptions
 from mitmproxy.test import taddons
@@ -19,9 +22,16 @@ def configure(tiny_model_dir, tmp_path, **options):
             polarproxy_db=str(tmp_path / "a.db"),
             **options,
         )
-        fmt = addon.gateway.output_format
-        addon.writer.close()
-    return fmt
+        return asyncio.run(_output_format(addon))
+
+
+async def _output_format(addon):
+    """The format of the gateway mitmdump builds once it runs (capture/stack.py), without a backend to detect."""
+    await addon._start_stack(dataclasses.replace(addon._config, check_backend=False, backend_kind="sglang"))
+    try:
+        return addon.gateway.output_format
+    finally:
+        await addon.done()
 
 
 def test_the_format_is_detected_from_the_model_when_no_option_is_set(tiny_model_dir, tmp_path):
@@ -51,7 +61,5 @@ def test_an_unknown_format_is_refused_naming_the_allowed_ones(
             polarproxy_model=str(tiny_model_dir),
             polarproxy_db=str(tmp_path / "a.db"),
         )
-        addon.writer.close()
         with pytest.raises(exceptions.OptionsError, match=allowed):
             tctx.configure(addon, **{option: value})
-        addon.writer.close()  # the rollback configured it again with the previous values

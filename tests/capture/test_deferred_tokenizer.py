@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polarproxy.capture.runner import ProxyConfig, record
+from polarproxy.capture.stack import ProxyConfig
 from polarproxy.errors import UsageError
+from polarproxy.harness.record import record
 from polarproxy.render import renderer as renderer_module
 from polarproxy.render.renderer import Renderer
 

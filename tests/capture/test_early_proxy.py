@@ -21,8 +21,9 @@ import polarproxy.capture.proxy as proxy_module
 from polarproxy.backends.stub import StubBackend, StubConfig
 from polarproxy.capture import early
 from polarproxy.capture.mitm import bind_listener, has_waiting_connection
-from polarproxy.capture.runner import ProxyConfig, record
+from polarproxy.capture.stack import ProxyConfig
 from polarproxy.errors import UsageError
+from polarproxy.harness.record import record
 from polarproxy.render.renderer import Renderer
 from polarproxy.store import Store
 

@@ -3,6 +3,9 @@ with the allowed ones named (taddons: no sockets)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 import pytest
 from mitmproxy import exceptions
 from mitmproxy.test import taddons
@@ -25,7 +28,16 @@ def test_the_prefix_policy_option_sets_the_gateway_policy(random_model_dir, tmp_
     addon = Recorder()
     with taddons.context(addon) as tctx:
         configure(tctx, addon, random_model_dir, tmp_path, polarproxy_prefix_policy=policy)
-        assert addon.gateway.prefixes.policy == policy
+        assert asyncio.run(_policy(addon)) == policy
+
+
+async def _policy(addon):
+    """The policy of the gateway mitmdump builds once it runs (capture/stack.py), without a backend to detect."""
+    await addon._start_stack(dataclasses.replace(addon._config, check_backend=False, backend_kind="sglang"))
+    try:
+        return addon.gateway.prefixes.policy
+    finally:
+        await addon.done()
 
 
 def test_an_unknown_prefix_policy_is_refused_with_the_allowed_values(random_model_dir, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from factories import record_summary
 from recording import Recorded
 
-from polarproxy.capture.runner import PLACEHOLDER_KEY
+from polarproxy.harness.env import PLACEHOLDER_KEY
 from polarproxy.store.store import Store
 
 

@@ -31,7 +31,7 @@ from recording import (
     tool_result_text,
 )
 
-from polarproxy.capture.runner import PLACEHOLDER_KEY
+from polarproxy.harness.env import PLACEHOLDER_KEY
 from polarproxy.render.renderer import Renderer
 from polarproxy.store.store import Store
 from polarproxy.tiny.formats import detect_family

@@ -144,8 +144,8 @@ async def test_a_websocket_call_that_cannot_be_recorded_is_cut_off_with_an_error
     from wsproto.frame_protocol import Opcode
 
     from polarproxy.capture.intercept.addon import Interceptor
-    from polarproxy.capture.store_writer import StoreWriter
     from polarproxy.store.store import Store
+    from polarproxy.store.writer import StoreWriter
 
     writer = StoreWriter(Store.open(str(tmp_path / "x.db")))
     # an episode the store does not hold: begin_call fails, as it would on a full disk or a lost database

@@ -71,7 +71,7 @@ def test_incremental_detokenizing_never_splits_a_character(tiny_model_dir):
 def test_the_proxy_path_does_not_import_torch(tiny_model_dir):
     code = f"""
 import sys
-import polarproxy.capture.addon, polarproxy.capture.runner
+import polarproxy.capture.addon, polarproxy.capture.stack
 from polarproxy.conversation import Conversation, Message
 from polarproxy.render.renderer import Renderer
 Renderer({str(tiny_model_dir)!r}).render(Conversation(messages=[Message(role="user", content="hi")]))

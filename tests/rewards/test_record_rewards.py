@@ -17,8 +17,9 @@ import typer
 from typer.testing import CliRunner
 
 from polarproxy.backends.stub import StubBackend, StubConfig
-from polarproxy.capture.runner import ProxyConfig, record
+from polarproxy.capture.stack import ProxyConfig
 from polarproxy.commands import reward as reward_command
+from polarproxy.harness.record import HarnessRun, record
 from polarproxy.rewards import Verifier
 from polarproxy.rewards import verifier as verifier_module
 from polarproxy.store import Store
@@ -77,9 +78,10 @@ def _record(tiny_model_dir, tmp_path, verifier, rc, harness):
                 backend_kind="sglang",
                 task="t1",
                 group_id="g1",
-                verifier=verifier,
             )
-            return await record(cfg, [sys.executable, str(harness), str(rc)])
+            return await record(
+                cfg, [sys.executable, str(harness), str(rc)], run=HarnessRun(verifier=verifier)
+            )
         finally:
             await stub.stop()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from polarproxy.capture.presets import PresetError, builtin_presets, parse_preset
+from polarproxy.harness.presets import PresetError, builtin_presets, parse_preset
 from polarproxy.rollout.sandbox import Runner
 from polarproxy.rollout.stages import Settings, harness_command
 

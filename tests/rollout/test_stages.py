@@ -8,8 +8,9 @@ import threading
 import time
 from pathlib import Path
 
+from polarproxy.client import EpisodeHandle
 from polarproxy.rewards.verifier import VerifierResult
-from polarproxy.rollout.gateway import EpisodeHandle, PriorEpisode
+from polarproxy.rollout.episodes import PriorEpisode
 from polarproxy.rollout.run import Plan, Rollout, summary
 from polarproxy.rollout.sandbox import Runner
 from polarproxy.rollout.stages import Settings

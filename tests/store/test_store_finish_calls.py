@@ -79,7 +79,7 @@ def test_a_held_connection_writes_calls_in_one_transaction_and_raises_sqlalchemy
 
 
 def test_a_connection_held_without_waiting_neither_waits_nor_checkpoints(db_path, call_start, ok_result):
-    """The event loop's connection (capture/store_writer.py): a taken lock fails it at once, and the WAL's
+    """The event loop's connection (store/writer.py): a taken lock fails it at once, and the WAL's
     checkpoints (an fsync) are left to the writer thread's connection."""
     import sqlite3
     import time

@@ -27,11 +27,11 @@ from mitmproxy.tls import TlsData
 from polarproxy.capture.intercept.providers import Providers
 from polarproxy.capture.intercept.tap import ResponseTap
 from polarproxy.capture.intercept.websocket import SocketRecorder
-from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.dialects import DialectError
 from polarproxy.dialects.replies import Reply, reply_parser
 from polarproxy.redact import redact_headers, redact_path
 from polarproxy.store.records import CallResult, CallStart
+from polarproxy.store.writer import StoreWriter
 
 log = logging.getLogger("polarproxy.intercept")
 

@@ -12,7 +12,7 @@ from polarproxy.capture.intercept.addon import Interceptor
 from polarproxy.capture.intercept.ca import CA
 from polarproxy.capture.intercept.providers import Providers
 from polarproxy.capture.mitm import RunningMitm, start_mitm
-from polarproxy.capture.store_writer import StoreWriter
+from polarproxy.store.writer import StoreWriter
 
 
 @dataclass

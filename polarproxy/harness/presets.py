@@ -5,7 +5,7 @@ A preset names environment variables to set (`env`) and to remove (`unset`), and
 placeholders `{proxy_url}` (`http://127.0.0.1:PORT`, no path), `{key}` (the placeholder API key),
 `{model}` (the model name the harness is told to use) and `{home}` (the throwaway config home). A preset
 that speaks several wire formats lists them under `apis` (chosen with `record --api`); each entry's
-values are extra placeholders. The built-in presets are `polarproxy/capture/harnesses/*.yaml`.
+values are extra placeholders. The built-in presets are `polarproxy/harness/builtin/*.yaml`.
 """
 
 from __future__ import annotations
@@ -222,12 +222,12 @@ def load_preset_file(path: Path) -> Preset:
 def builtin_presets() -> dict[str, Preset]:
     """The presets shipped with polarproxy, by name."""
     out: dict[str, Preset] = {}
-    folder = resources.files("polarproxy.capture") / "harnesses"
+    folder = resources.files("polarproxy.harness") / "builtin"
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             stem = entry.name[: -len(".yaml")]
             p = _load_text(
-                entry.read_text(), source=f"polarproxy/capture/harnesses/{entry.name}", default_name=stem
+                entry.read_text(), source=f"polarproxy/harness/builtin/{entry.name}", default_name=stem
             )
             out[p.name] = p
     return out

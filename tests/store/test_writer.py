@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.store import spool
 from polarproxy.store.errors import StoreError
 from polarproxy.store.records import CallResult, CallStart, EpisodeStart
 from polarproxy.store.store import Store
+from polarproxy.store.writer import StoreWriter
 
 
 def start(episode: str, i: int) -> CallStart:
@@ -403,7 +403,7 @@ async def test_a_finish_while_the_thread_is_writing_is_queued_behind_it(tmp_path
 
 
 async def test_a_finish_too_large_for_the_loop_is_written_by_the_thread(tmp_path):
-    from polarproxy.capture.store_writer import INLINE_MAX_BYTES
+    from polarproxy.store.writer import INLINE_MAX_BYTES
 
     writer = StoreWriter(Store.open(tmp_path / "w.db"))
     ep = await writer.create_episode(EpisodeStart(command=["x"]))

@@ -1,4 +1,4 @@
-"""Where `rollout` gets its episodes: the control API (capture/control.py, through polarproxy.client) of a
+"""Where `rollout` gets its episodes: the control API (control/api.py, through polarproxy.client) of a
 gateway it starts in this process (`--backend ... --db ...`, with a fresh control token), or of a running
 `serve` (`--serve URL --control-token TOKEN`).
 
@@ -16,22 +16,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from polarproxy.client import EpisodeHandle
 from polarproxy.errors import UsageError
 from polarproxy.rewards.verifier import VerifierResult
 
 PRIOR_LIMIT = 100_000  # episodes of one group read back for --resume
-
-
-@dataclass(slots=True)
-class EpisodeHandle:
-    episode_id: str
-    api_key: str = field(repr=False)  # a secret: never printed or stored by rollout
-    base_urls: dict[str, str] = field(default_factory=dict)  # openai (ends /v1), anthropic, gemini
-
-    @property
-    def proxy_url(self) -> str:
-        """What a preset's {proxy_url} is: the gateway's URL, no /v1."""
-        return self.base_urls["anthropic"]
 
 
 @dataclass(slots=True)
@@ -98,8 +87,10 @@ class ControlEpisodes:
     def create(
         self, *, task: str, group: str, harness: str | None, metadata: dict[str, str]
     ) -> EpisodeHandle:
-        h = self._do(self.client.create_episode, task=task, group=group, harness=harness, metadata=metadata)
-        return EpisodeHandle(h.episode_id, h.api_key, dict(h.base_urls))
+        handle: EpisodeHandle = self._do(
+            self.client.create_episode, task=task, group=group, harness=harness, metadata=metadata
+        )
+        return handle
 
     def _store_result(self, episode_id: str, result: VerifierResult) -> None:
         for seq, value in sorted(result.calls.items()):
@@ -150,25 +141,16 @@ class LocalGateway(ControlEpisodes):
         self.loop.run_until_complete(self._main())
 
     async def _main(self) -> None:
-        from polarproxy.capture.control import Control
-        from polarproxy.capture.proxy import start_proxy
-        from polarproxy.capture.runner import close_stack, open_stack
+        from polarproxy.capture.stack import close_stack, open_stack, serve_recorder
+        from polarproxy.control.api import Control
 
         try:
             self.stack = await open_stack(self.cfg)
             # no default episode: with the control token every call needs an episode's API key
-            self.proxy = await start_proxy(
-                self.stack.gateway,
-                writer=self.stack.writer,
-                default_episode=None,
-                model_name=self.stack.renderer.model_dir.name,
-                host="127.0.0.1",
-                port=self.cfg.port,
-            )
+            self.proxy = await serve_recorder(self.stack, None, port=self.cfg.port)
             self.proxy.recorder.control = Control(
                 self.stack.writer, token=self.token, default_episode=None, url=self.proxy.url
             )
-            self.stack.renderer.load_in_background()
             self._stop = asyncio.Event()
         except BaseException as e:  # handed to the starting thread
             self._error = e

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from factories import record_summary
 
-from polarproxy.capture.presets import (
+from polarproxy.harness.presets import (
     PresetError,
     builtin_presets,
     get_preset,

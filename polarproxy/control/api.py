@@ -33,137 +33,41 @@ computes (a group whose rewards are all equal is dropped, as the export drops it
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hmac
 import logging
 import math
 import re
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from polarproxy.control.routes import Refusal, Routes, request_key
+from polarproxy.control.stream import collect, decode_cursor, encode_cursor
+from polarproxy.harness.env import base_urls
 from polarproxy.store import keys
+from polarproxy.store.ids import EPISODE_ID, EPISODE_ID_RULE
 from polarproxy.store.query import EpisodeQuery
 from polarproxy.store.records import EpisodeStart
 
 if TYPE_CHECKING:
     from mitmproxy import http
 
-    from polarproxy.capture.store_writer import StoreWriter
     from polarproxy.store.store import Store
+    from polarproxy.store.writer import StoreWriter
 
 log = logging.getLogger("polarproxy.control")
 
-ID_RULE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # the one rule for episode IDs (the /e/ID/ path's)
 EPISODES_PATH = "/polarproxy/v1/episodes"
 TRAJECTORIES_PATH = "/polarproxy/v1/trajectories"
 HEALTH_PATH = "/health"
-_EPISODE_ACTION = re.compile(r"^/polarproxy/v1/episodes/([A-Za-z0-9_.:-]{1,128})/(finish|reward)/?$")
+_EPISODE_ACTION = re.compile(f"^/polarproxy/v1/episodes/({EPISODE_ID})/(finish|reward)/?$")
 STRATEGIES = ("per-request", "prefix-merge")
 ESTIMATORS = ("none", "grpo", "rloo")
 MAX_WAIT_S = 300.0
 POLL_S = 0.25  # how often a long poll looks for episodes finished by other proxies on the same database
 DEFAULT_LIMIT = 100
-ROUTE_TTL_S = 2.0  # how long a confirmed route is trusted without reading the database again
-MAX_ROUTES = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """A harness call that is not served: the status and message its dialect's error shape carries."""
-
-    status: int
-    message: str
-    code: str
-
-
-def request_key(req: http.Request) -> str | None:
-    """The API key a harness call carries, as its SDK sends it (OpenAI `Authorization: Bearer`, Anthropic
-    `x-api-key`, Gemini `x-goog-api-key` or `?key=`)."""
-    auth = req.headers.get("authorization", "")
-    scheme, _, value = auth.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    for header in ("x-api-key", "x-goog-api-key", "api-key"):
-        if req.headers.get(header):
-            return req.headers[header].strip()
-    key = req.query.get("key") if "?" in req.path else None
-    return key or None
-
-
-def encode_cursor(seq: int) -> str:
-    return base64.urlsafe_b64encode(f"f{seq}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str | None) -> int:
-    """The finish `seq` a cursor stands for (0: from the start); ValueError for a cursor this API did not give."""
-    if not cursor:
-        return 0
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not raw.startswith("f"):
-            raise ValueError
-        seq = int(raw[1:])
-        if seq < 0:
-            raise ValueError
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ValueError(
-            f"Unknown cursor {cursor!r}: pass back the 'cursor' of the previous answer, or none to start "
-            "from the first finished episode."
-        ) from None
-    return seq
-
-
-class Routes:
-    """Routes confirmed recently, each with the time it was confirmed: API-key hash -> episode (read by
-    key), and episodes named by header or path (read with their owner checked). An episode finished here
-    stops routing at once either way. At most `MAX_ROUTES` of each."""
-
-    def __init__(self, ttl_s: float = ROUTE_TTL_S) -> None:
-        self.ttl_s = ttl_s
-        self._keys: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._named: OrderedDict[str, float] = OrderedDict()
-        self._ended: OrderedDict[str, None] = OrderedDict()  # finished here: never confirmed again
-
-    def keyed(self, key: str) -> str | None:
-        hit = self._keys.get(keys.key_hash(key))
-        if hit is None or time.monotonic() - hit[1] > self.ttl_s or hit[0] in self._ended:
-            return None
-        return hit[0]
-
-    def named(self, episode_id: str) -> bool:
-        at = self._named.get(episode_id)
-        return at is not None and time.monotonic() - at <= self.ttl_s
-
-    def confirm(self, episode_id: str, key: str | None = None) -> None:
-        """`episode_id` takes calls: by `key`, or (None) when named by header or path."""
-        if episode_id in self._ended:  # a read that raced its finish
-            return
-        now = time.monotonic()
-        if key is None:
-            self._named[episode_id] = now
-            self._named.move_to_end(episode_id)
-        else:
-            digest = keys.key_hash(key)
-            self._keys[digest] = (episode_id, now)
-            self._keys.move_to_end(digest)
-        self._trim()
-
-    def drop(self, episode_id: str) -> None:
-        """The episode finished here."""
-        self._named.pop(episode_id, None)
-        self._ended[episode_id] = None
-        self._trim()
-
-    def _trim(self) -> None:
-        for table in (self._named, self._keys, self._ended):
-            while len(table) > MAX_ROUTES:
-                table.popitem(last=False)
 
 
 class Control:
@@ -222,7 +126,7 @@ class Control:
             )
         if named is None:
             return None
-        if not from_path and not ID_RULE.match(named):
+        if not from_path and not EPISODE_ID_RULE.match(named):
             shown = named if len(named) <= 40 else named[:40] + "..."
             return Refusal(
                 400,
@@ -362,7 +266,7 @@ class Control:
             {
                 "episode_id": episode_id,
                 "api_key": key,
-                "base_urls": {"openai": f"{self.url}/v1", "anthropic": self.url, "gemini": self.url},
+                "base_urls": base_urls(self.url),
             },
         )
 
@@ -469,54 +373,6 @@ class Control:
 
 class BadRequest(ValueError):
     """A control request with a bad body or parameter (400)."""
-
-
-def collect(
-    store: Store, after: int, *, strategy: str, whole_groups: bool, estimator: str, limit: int
-) -> tuple[list[dict[str, Any]], int]:
-    """The export rows of the episodes finished after finish `seq` `after` (up to `limit` finishes), and the
-    new cursor `seq`. With `whole_groups`, a group's rows come with its last finish, once it is complete."""
-    finishes = keys.finishes_after(store, after, limit=limit)
-    if not finishes:
-        return [], after
-    cursor = finishes[-1][0]
-    if not whole_groups:
-        eps = store.list_episodes(
-            limit=None, where=EpisodeQuery(episode_ids=[e for _, e in finishes]), counts=False
-        )
-        order = {eid: i for i, (_, eid) in enumerate(finishes)}
-        return _rows(store, sorted(eps, key=lambda e: order[e.id]), strategy, "none"), cursor
-    rows: list[dict[str, Any]] = []
-    for seq, eid in finishes:
-        (ep,) = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[eid]), counts=False)
-        members = (
-            [ep]
-            if ep.group_id is None
-            else store.list_episodes(limit=None, where=EpisodeQuery(group_id=ep.group_id), counts=False)
-        )
-        if any(m.status == "running" for m in members):
-            continue  # comes with the finish that completes it
-        if keys.last_finish(store, [m.id for m in members]) != seq:
-            continue  # came (or comes) with its last finish
-        rows += _rows(store, sorted(members, key=lambda e: e.id), strategy, estimator)
-    return rows, cursor
-
-
-def _rows(store: Store, episodes: Sequence[Any], strategy: str, estimator: str) -> list[dict[str, Any]]:
-    """Export rows of these episodes, built as `polarproxy export` builds them."""
-    from polarproxy.export.advantages import AdvantageOptions, compute_advantages
-    from polarproxy.export.rows import trajectory_to_row
-    from polarproxy.export.run import trajectories
-    from polarproxy.store.token_calls import iter_token_calls
-
-    if not episodes:
-        return []
-    chosen = {e.id: e for e in episodes}
-    report = None if estimator == "none" else compute_advantages(chosen.values(), AdvantageOptions(estimator))
-    # The store's token arrays (store/token_calls.py), as exports read them; `where`, not exact IDs: an
-    # episode removed since it was listed is left out, not an error.
-    calls = iter_token_calls(store, where=EpisodeQuery(episode_ids=list(chosen)))
-    return [trajectory_to_row(t) for t in trajectories(calls, chosen, strategy, report=report)]
 
 
 def _response(status: int, body: bytes) -> http.Response:

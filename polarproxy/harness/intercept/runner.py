@@ -2,7 +2,7 @@
 
 The child keeps its own keys and base URLs; it gets the proxy variables and a trust bundle with the
 polarproxy CA (`env.py`). It runs with the terminal's stdin/stdout/stderr, through the same child runner as
-gateway `record` (capture/child.py: signals, process group, exit code).
+gateway `record` (harness/child.py: signals, process group, exit code).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polarproxy.capture.child import ChildExit, run_child, stop_harness
 from polarproxy.capture.early import EarlyProxy
 from polarproxy.capture.intercept.ca import ensure_ca
-from polarproxy.capture.intercept.env import intercept_env, write_bundles
 from polarproxy.capture.intercept.providers import Providers
 from polarproxy.capture.recording import create_recorded_episode, open_recording_store
-from polarproxy.capture.runner import RecordOutcome
-from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.errors import UsageError
+from polarproxy.harness.child import ChildExit, run_child, stop_harness
+from polarproxy.harness.intercept.env import intercept_env, write_bundles
+from polarproxy.harness.record import RecordOutcome
+from polarproxy.store.writer import StoreWriter
 
 if TYPE_CHECKING:  # mitmproxy is imported only when the proxy starts (capture/early.py)
     from polarproxy.capture.intercept.proxy import InterceptProxy
@@ -125,7 +125,7 @@ async def record_intercept(
         bundle, node_extra = write_bundles(os.environ, ca, tmp)
         env = intercept_env(os.environ, proxy.url, bundle, node_extra)
         env["POLARPROXY_EPISODE"] = episode_id
-        # signals, process group, exit code: capture/child.py; the proxy starts meanwhile
+        # signals, process group, exit code: harness/child.py; the proxy starts meanwhile
         harness = asyncio.create_task(run_child(command, env))
         await proxy.until_needed(harness)
         child = await harness

@@ -89,8 +89,8 @@ def test_gateway_record_on_a_read_only_database_is_refused_before_the_harness_ru
 
 def test_the_summary_of_an_episode_still_in_a_spool_says_so_instead_of_a_traceback(tmp_path, capsys):
     # a database that stopped taking writes mid-run: the episode's writes are in a spool, not in the store
-    from polarproxy.capture.runner import RecordOutcome
     from polarproxy.commands.record import summarize
+    from polarproxy.harness.record import RecordOutcome
     from polarproxy.store.store import Store
 
     db = str(tmp_path / "x.db")

@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 from polarproxy.capture.intercept.ca import ensure_ca, install_hint
-from polarproxy.capture.intercept.runner import InterceptConfig, parse_resolve, record_intercept
-from polarproxy.capture.runner import RecordOutcome
+from polarproxy.harness.intercept.runner import InterceptConfig, parse_resolve, record_intercept
+from polarproxy.harness.record import RecordOutcome
 
 
 def run_record_intercept(

@@ -1,4 +1,4 @@
-"""The harness child of `record` (capture/child.py, used by gateway and intercept mode): signals sent to
+"""The harness child of `record` (harness/child.py, used by gateway and intercept mode): signals sent to
 `record` alone reach the harness's process group and `record` exits with the harness's code; a `record`
 that is killed takes the harness with it within a second; a timeout ends the group."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from polarproxy.capture.child import exit_code, run_child
+from polarproxy.harness.child import exit_code, run_child
 
 # A harness stand-in: writes its pid and process group, then waits; SIGINT exits 42, SIGTERM 43.
 HARNESS = """
@@ -167,7 +167,7 @@ def test_a_harness_that_ends_normally_leaves_no_watchdog_behind(tmp_path):
 
 
 def _watchdogs() -> list[int]:
-    from polarproxy.capture.child import WATCHDOG
+    from polarproxy.harness.child import WATCHDOG
 
     found = []
     for p in Path("/proc").iterdir():

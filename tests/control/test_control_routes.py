@@ -1,11 +1,11 @@
-"""`serve`'s routing cache (capture/control.py `Routes`): what it trusts, for how long, and what it forgets."""
+"""`serve`'s routing cache (control/routes.py `Routes`): what it trusts, for how long, and what it forgets."""
 
 from __future__ import annotations
 
 import pytest
 
-from polarproxy.capture import control
-from polarproxy.capture.control import Routes
+from polarproxy.control import routes as control
+from polarproxy.control.routes import Routes
 
 
 @pytest.fixture

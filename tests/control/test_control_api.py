@@ -10,10 +10,10 @@ import httpx
 import pytest
 from serving import ServeThread, Stub
 
-from polarproxy.capture.store_writer import StoreWriter
 from polarproxy.store import keys, maintenance
 from polarproxy.store.records import EpisodeStart
 from polarproxy.store.store import Store
+from polarproxy.store.writer import StoreWriter
 
 TOKEN = "test-control-token-5d1e"
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

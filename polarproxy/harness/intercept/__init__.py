@@ -1,0 +1,1 @@
+"""`record --intercept`: a harness run through the MITM proxy with its real provider."""
