@@ -18,11 +18,12 @@ import orjson
 from polarproxy.backends.base import Backend, BackendError
 from polarproxy.backends.http11 import HTTPClient
 from polarproxy.backends.wire import get
+from polarproxy.choices import BACKEND_KINDS, BACKEND_MODES
 
 log = logging.getLogger("polarproxy.backends")
 
-KINDS = ("sglang", "vllm", "local")
-MODES = ("tokens", "chat")
+KINDS = BACKEND_KINDS
+MODES = BACKEND_MODES
 
 
 class SelectionError(ValueError):

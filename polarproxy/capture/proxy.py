@@ -1,5 +1,6 @@
-"""Run mitmproxy with the recorder addon inside this process (for `record` and `serve`; the start-up itself
-is capture/mitm.py, shared with intercept mode)."""
+"""Run mitmproxy with the recorder addon inside this process, in front of a stack (capture/stack.py), for
+`record`, `serve`, `rollout` and Ray nodes; the start-up itself is capture/mitm.py, shared with intercept
+mode. Importing this module imports mitmproxy: `record` loads it beside the harness (capture/early.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from polarproxy.capture.addon import Recorder
 from polarproxy.capture.gateway import Gateway
 from polarproxy.capture.mitm import RunningMitm, start_mitm
+from polarproxy.capture.stack import ProxyConfig, Stack, close_stack, create_episode
 
 
 @dataclass
@@ -44,3 +46,39 @@ async def start_proxy(
         options["confdir"] = str(confdir)
     mitm = await start_mitm(recorder, options, host=host, port=port, what="proxy", sock=sock)
     return RunningProxy(port=mitm.port, master=mitm.master, task=mitm.task, recorder=recorder)
+
+
+async def serve_recorder(
+    stack: Stack,
+    episode_id: str | None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    sock: socket.socket | None = None,
+) -> RunningProxy:
+    """mitmproxy with the recorder (on host:port, or serving `sock`), calls that name no episode going to
+    `episode_id` (None: none; with a control token every call needs an episode's key); once it serves, the
+    tokenizer starts loading in the background (the first call waits for it)."""
+    proxy = await start_proxy(
+        stack.gateway,
+        writer=stack.writer,
+        default_episode=episode_id,
+        model_name=stack.renderer.model_dir.name,
+        host=host,
+        port=port,
+        sock=sock,
+    )
+    stack.renderer.load_in_background()
+    return proxy
+
+
+async def start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> tuple[str, RunningProxy]:
+    """Create the episode that calls without one go to, and start mitmproxy with the recorder (`serve`)."""
+    episode_id = await create_episode(stack, cfg, command)
+    try:
+        proxy = await serve_recorder(stack, episode_id, host=cfg.host, port=cfg.port)
+    except BaseException:
+        await stack.writer.finish_episode(episode_id, status="failed", exit_code=None)
+        await close_stack(stack)
+        raise
+    return episode_id, proxy

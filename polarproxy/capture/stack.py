@@ -1,15 +1,13 @@
 """The one assembly of the proxy path: store and writer thread, backend client (its kind detected), renderer
-and gateway, and mitmproxy with the recorder in front of them. mitmdump's addon, `record`, `serve`,
+and gateway (mitmproxy with the recorder goes in front of them: capture/proxy.py). mitmdump's addon, `record`, `serve`,
 `rollout`'s in-process gateway and each Ray node build their proxy here, so each gets the same backend
 detection, vLLM and chat mode, and prefix index backed by the store."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from polarproxy.backends.base import Backend, BackendError
 from polarproxy.backends.selection import SelectionError, make_backend, open_backend
@@ -21,9 +19,6 @@ from polarproxy.render.renderer import Renderer
 from polarproxy.store.errors import NotFoundError
 from polarproxy.store.store import Store
 from polarproxy.store.writer import StoreWriter
-
-if TYPE_CHECKING:  # mitmproxy is imported only when a proxy starts (capture/early.py)
-    from polarproxy.capture.proxy import RunningProxy
 
 
 @dataclass
@@ -150,41 +145,3 @@ async def create_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> 
         group_id=cfg.group_id,
         metadata=dict(cfg.metadata),
     )
-
-
-async def serve_recorder(
-    stack: Stack,
-    episode_id: str | None,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    sock: socket.socket | None = None,
-) -> RunningProxy:
-    """mitmproxy with the recorder (on host:port, or serving `sock`), calls that name no episode going to
-    `episode_id` (None: none; with a control token every call needs an episode's key); once it serves, the
-    tokenizer starts loading in the background (the first call waits for it)."""
-    from polarproxy.capture.proxy import start_proxy
-
-    proxy = await start_proxy(
-        stack.gateway,
-        writer=stack.writer,
-        default_episode=episode_id,
-        model_name=stack.renderer.model_dir.name,
-        host=host,
-        port=port,
-        sock=sock,
-    )
-    stack.renderer.load_in_background()
-    return proxy
-
-
-async def start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> tuple[str, RunningProxy]:
-    """Create the episode that calls without one go to, and start mitmproxy with the recorder (`serve`)."""
-    episode_id = await create_episode(stack, cfg, command)
-    try:
-        proxy = await serve_recorder(stack, episode_id, host=cfg.host, port=cfg.port)
-    except BaseException:
-        await stack.writer.finish_episode(episode_id, status="failed", exit_code=None)
-        await close_stack(stack)
-        raise
-    return episode_id, proxy

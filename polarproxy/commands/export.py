@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from polarproxy.commands.enums import Advantages, Format, ScaleRewards, Strategy
 from polarproxy.commands.support import (
     DbOpt,
     JsonOpt,
@@ -19,30 +19,6 @@ from polarproxy.commands.support import (
     print_json,
     usage_fail,
 )
-
-
-class Strategy(StrEnum):
-    per_request = "per-request"
-    prefix_merge = "prefix-merge"
-
-
-class Format(StrEnum):
-    jsonl = "jsonl"
-    parquet = "parquet"
-    sft = "sft"
-
-
-class Advantages(StrEnum):
-    none = "none"
-    grpo = "grpo"
-    rloo = "rloo"
-
-
-class ScaleRewards(StrEnum):
-    group = "group"
-    batch = "batch"
-    none = "none"
-
 
 SFT_ONLY = ("--tokenizer", "--encoding")
 

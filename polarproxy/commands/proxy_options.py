@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from polarproxy.commands.enums import BackendKind, BackendMode, PrefixPolicy, ReasoningFormat, ToolFormat
 from polarproxy.commands.support import fail
 
 BackendOpt = Annotated[
@@ -16,17 +16,6 @@ BackendOpt = Annotated[
         "--backend", envvar="POLARPROXY_BACKEND", help="Backend URL (SGLang, vLLM or `polarproxy backend`)."
     ),
 ]
-
-
-class BackendKind(StrEnum):
-    sglang = "sglang"
-    vllm = "vllm"
-    local = "local"
-
-
-class BackendMode(StrEnum):
-    tokens = "tokens"
-    chat = "chat"
 
 
 BackendKindOpt = Annotated[
@@ -49,11 +38,6 @@ BackendModeOpt = Annotated[
 MaxTokensOpt = Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")]
 
 
-class PrefixPolicy(StrEnum):
-    extend = "extend"
-    fresh = "fresh"
-
-
 PrefixPolicyOpt = Annotated[
     PrefixPolicy,
     typer.Option(
@@ -63,20 +47,6 @@ PrefixPolicyOpt = Annotated[
         "rendered as the chat template does (for templates that rewrite earlier turns, e.g. Mistral's).",
     ),
 ]
-
-
-class ToolFormat(StrEnum):
-    hermes = "hermes"
-    qwen_xml = "qwen-xml"
-    llama_json = "llama-json"
-    deepseek = "deepseek"
-    mistral = "mistral"
-    harmony = "harmony"
-
-
-class ReasoningFormat(StrEnum):
-    think = "think"
-    none = "none"
 
 
 ToolFormatOpt = Annotated[

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from polarproxy.commands.enums import BackendMode, PrefixPolicy, RewardFrom
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
-    BackendMode,
     BackendModeOpt,
     BackendOpt,
     MaxTokensOpt,
-    PrefixPolicy,
     PrefixPolicyOpt,
     ReasoningFormatOpt,
     ToolFormatOpt,
@@ -30,12 +28,6 @@ from polarproxy.commands.support import (
     safe_text,
     usage_fail,
 )
-
-
-class RewardFrom(StrEnum):
-    exit = "exit"
-    stdout = "stdout"
-
 
 JsonSummaryOpt = Annotated[
     bool,

@@ -4,33 +4,20 @@ from __future__ import annotations
 
 import sys
 import time
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from polarproxy.commands.enums import BackendMode, Isolation, RewardFrom
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
-    BackendMode,
     BackendModeOpt,
     BackendOpt,
     MaxTokensOpt,
     proxy_config,
 )
 from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json, usage_fail
-
-
-class Isolation(StrEnum):
-    none = "none"
-    bwrap = "bwrap"
-    docker = "docker"
-    apptainer = "apptainer"
-
-
-class RewardFrom(StrEnum):
-    exit = "exit"
-    stdout = "stdout"
 
 
 def rollout(

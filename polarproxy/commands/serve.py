@@ -8,13 +8,12 @@ from typing import Annotated
 
 import typer
 
+from polarproxy.commands.enums import BackendMode, PrefixPolicy
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
-    BackendMode,
     BackendModeOpt,
     BackendOpt,
     MaxTokensOpt,
-    PrefixPolicy,
     PrefixPolicyOpt,
     ReasoningFormatOpt,
     ToolFormatOpt,

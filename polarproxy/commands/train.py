@@ -2,223 +2,198 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
+import typing
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from polarproxy.commands.enums import SOURCES, Advantages, PauseMode, Strategy, SyncKind
 from polarproxy.commands.support import fail, print_json, usage_fail
 
 if TYPE_CHECKING:
     from polarproxy.train.config import TrainConfig
     from polarproxy.train.follow import FollowConfig
 
-_OPTS = "Loss"
-_RUN = "Run"
 _FOLLOW = "Follow a gateway"
 
 
-def train_command(
-    model: Annotated[Path, typer.Option("--model", help="Model folder to start from (transformers format).")],
-    out: Annotated[
-        Path, typer.Option("--out", help="Folder for checkpoints (OUT/step-N) and metrics.jsonl.")
-    ],
-    data: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--data",
-            help="Export file (JSONL or .parquet, from `polarproxy export --advantages grpo`); repeat for more.",
+def _command_params() -> tuple[list[inspect.Parameter], list[inspect.Parameter]]:
+    """`train`'s own options (before and after TrainConfig's)."""
+    P = inspect.Parameter
+    kw = P.KEYWORD_ONLY
+    before = [
+        P(
+            "model",
+            kw,
+            annotation=Annotated[
+                Path, typer.Option("--model", help="Model folder to start from (transformers format).")
+            ],
         ),
-    ] = None,
-    steps: Annotated[
-        int | None, typer.Option(help="Optimizer steps (default: one pass over the rows).")
-    ] = None,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = 1e-6,
-    clip_low: Annotated[
-        float, typer.Option(help="Lower clip ε: ratio ≥ 1 - ε.", rich_help_panel=_OPTS)
-    ] = 0.2,
-    clip_high: Annotated[
-        float, typer.Option(help="Upper clip ε: ratio ≤ 1 + ε.", rich_help_panel=_OPTS)
-    ] = 0.28,
-    dual_clip: Annotated[
-        float | None,
-        typer.Option(help="Dual clip c > 1: loss ≤ c·|A| for negative advantages.", rich_help_panel=_OPTS),
-    ] = None,
-    tis_cap: Annotated[
-        float | None,
-        typer.Option(
-            help="Truncated importance sampling: weight tokens by min(π/π_behaviour, CAP).",
-            rich_help_panel=_OPTS,
+        P(
+            "out",
+            kw,
+            annotation=Annotated[
+                Path, typer.Option("--out", help="Folder for checkpoints (OUT/step-N) and metrics.jsonl.")
+            ],
         ),
-    ] = None,
-    loss_agg: Annotated[
-        str,
-        typer.Option(help="token-mean | seq-mean-token-mean | episode-token-mean.", rich_help_panel=_OPTS),
-    ] = "token-mean",
-    importance_level: Annotated[
-        str, typer.Option(help="token | sequence (GSPO: exp of the mean log-ratio).", rich_help_panel=_OPTS)
-    ] = "token",
-    kl_coef: Annotated[
-        float, typer.Option(help="k3 KL penalty to the reference (0: none).", rich_help_panel=_OPTS)
-    ] = 0.0,
-    ref_model: Annotated[
-        Path | None,
-        typer.Option(help="Reference model for --kl-coef (default: --model).", rich_help_panel=_OPTS),
-    ] = None,
-    rows_per_step: Annotated[
-        int, typer.Option(help="Rows per optimizer step (0: all).", rich_help_panel=_RUN)
-    ] = 0,
-    token_budget: Annotated[
-        int, typer.Option(help="Tokens per packed micro-batch.", rich_help_panel=_RUN)
-    ] = 8192,
-    logprob_chunk: Annotated[
-        int, typer.Option(help="Tokens per lm_head chunk.", rich_help_panel=_RUN)
-    ] = 1024,
-    warmup_steps: Annotated[int, typer.Option(help="Linear warm-up steps.", rich_help_panel=_RUN)] = 0,
-    schedule: Annotated[
-        str, typer.Option(help="constant | linear | cosine.", rich_help_panel=_RUN)
-    ] = "constant",
-    schedule_steps: Annotated[
-        int | None,
-        typer.Option(help="Decay horizon in global steps (default: the last step).", rich_help_panel=_RUN),
-    ] = None,
-    min_lr_ratio: Annotated[
-        float, typer.Option(help="Decay floor as a share of --lr.", rich_help_panel=_RUN)
-    ] = 0.1,
-    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.", rich_help_panel=_RUN)] = 0.0,
-    max_grad_norm: Annotated[
-        float, typer.Option(help="Gradient clipping norm (0: off).", rich_help_panel=_RUN)
-    ] = 1.0,
-    gradient_checkpointing: Annotated[
-        bool,
-        typer.Option(
-            "--gradient-checkpointing", help="Recompute activations in backward.", rich_help_panel=_RUN
+        P(
+            "data",
+            kw,
+            default=None,
+            annotation=Annotated[
+                list[Path] | None,
+                typer.Option(
+                    "--data",
+                    help="Export file (JSONL or .parquet, from `polarproxy export --advantages grpo`); repeat for "
+                    "more.",
+                ),
+            ],
         ),
-    ] = False,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda.", rich_help_panel=_RUN)] = "auto",
-    bf16: Annotated[
-        bool, typer.Option("--bf16/--no-bf16", help="bf16 autocast on CUDA.", rich_help_panel=_RUN)
-    ] = True,
-    fused_loss: Annotated[
-        str,
-        typer.Option(
-            help="auto | liger | off: liger-kernel's fused GRPO loss on CUDA.", rich_help_panel=_RUN
-        ),
-    ] = "auto",
-    save_every: Annotated[
-        int, typer.Option(help="Checkpoint every N steps (0: at the end).", rich_help_panel=_RUN)
-    ] = 0,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the last checkpoint in --out.")
-    ] = False,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    sync: Annotated[
-        str | None,
-        typer.Option(
-            "--sync",
-            help="Push the new checkpoint to this backend (SGLang's /update_weights_from_disk, or "
-            "`polarproxy backend`'s) once trained.",
-        ),
-    ] = None,
-    sync_kind: Annotated[
-        str, typer.Option("--sync-kind", help="sglang | local | vllm: what serves --sync.")
-    ] = "sglang",
-    sync_pause: Annotated[
-        str | None,
-        typer.Option(
-            "--sync-pause",
-            help="abort | in_place | retract: pause generation around the update (default: none; the update "
-            "itself waits for calls in flight).",
-        ),
-    ] = None,
-    sync_timeout: Annotated[
-        float, typer.Option("--sync-timeout", help="Seconds each sync request may take.")
-    ] = 600.0,
-    follow: Annotated[
-        str | None,
-        typer.Option(
-            "--follow",
-            help="Instead of --data: train on whole groups from this running `polarproxy serve`'s trajectory "
-            "stream as they land, until Ctrl-C (or --steps).",
-            rich_help_panel=_FOLLOW,
-        ),
-    ] = None,
-    control_token: Annotated[
-        str | None,
-        typer.Option(
-            "--control-token",
-            envvar="POLARPROXY_CONTROL_TOKEN",
-            help="The control token of --follow's gateway (never printed).",
-            rich_help_panel=_FOLLOW,
-        ),
-    ] = None,
-    max_staleness: Annotated[
-        int | None,
-        typer.Option(
-            "--max-staleness",
-            help="With --follow: drop (and count) rows more than K weight versions older than the trainer's "
-            "(default 1).",
-            rich_help_panel=_FOLLOW,
-        ),
-    ] = None,
-    strategy: Annotated[
-        str | None,
-        typer.Option(
-            help="With --follow: per-request (default) | prefix-merge rows.", rich_help_panel=_FOLLOW
-        ),
-    ] = None,
-    advantages: Annotated[
-        str | None,
-        typer.Option(
-            help="With --follow: grpo (default) | rloo, computed by the gateway.", rich_help_panel=_FOLLOW
-        ),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-) -> None:
+    ]
+    after = [
+        P("sync", kw, default=None, annotation=Annotated[
+            str | None,
+            typer.Option(
+                "--sync",
+                help="Push the new checkpoint to this backend (SGLang's /update_weights_from_disk, or "
+                "`polarproxy backend`'s) once trained.",
+            ),
+        ]),
+        P("sync_kind", kw, default=SyncKind.sglang, annotation=Annotated[
+            SyncKind, typer.Option("--sync-kind", help="What serves --sync.")
+        ]),
+        P("sync_pause", kw, default=None, annotation=Annotated[
+            PauseMode | None,
+            typer.Option(
+                "--sync-pause",
+                help="Pause generation around the update (default: none; the update itself waits for calls "
+                "in flight).",
+            ),
+        ]),
+        P("sync_timeout", kw, default=600.0, annotation=Annotated[
+            float, typer.Option("--sync-timeout", help="Seconds each sync request may take.")
+        ]),
+        P("follow", kw, default=None, annotation=Annotated[
+            str | None,
+            typer.Option(
+                "--follow",
+                help="Instead of --data: train on whole groups from this running `polarproxy serve`'s "
+                "trajectory stream as they land, until Ctrl-C (or --steps).",
+                rich_help_panel=_FOLLOW,
+            ),
+        ]),
+        P("control_token", kw, default=None, annotation=Annotated[
+            str | None,
+            typer.Option(
+                "--control-token",
+                envvar="POLARPROXY_CONTROL_TOKEN",
+                help="The control token of --follow's gateway (never printed).",
+                rich_help_panel=_FOLLOW,
+            ),
+        ]),
+        P("max_staleness", kw, default=None, annotation=Annotated[
+            int | None,
+            typer.Option(
+                "--max-staleness",
+                help="With --follow: drop (and count) rows more than K weight versions older than the "
+                "trainer's (default 1).",
+                rich_help_panel=_FOLLOW,
+            ),
+        ]),
+        P("strategy", kw, default=None, annotation=Annotated[
+            Strategy | None,
+            typer.Option(help="With --follow: the rows' strategy (default per-request).", rich_help_panel=_FOLLOW),
+        ]),
+        P("advantages", kw, default=None, annotation=Annotated[
+            Advantages | None,
+            typer.Option(
+                help="With --follow: grpo (default) or rloo, computed by the gateway.", rich_help_panel=_FOLLOW
+            ),
+        ]),
+        P("json_out", kw, default=False, annotation=Annotated[
+            bool, typer.Option("--json", help="Print the result as JSON.")
+        ]),
+    ]  # fmt: skip
+    return before, after
+
+
+def _config_params() -> list[inspect.Parameter]:
+    """One option per TrainConfig field that declares help (train/config.py: `option`): its default, help,
+    panel, flag and choices come from that declaration alone."""
+    from polarproxy.train.config import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    params = []
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata
+        if "help" not in meta:
+            continue
+        kind: Any = hints[f.name]
+        default = f.default
+        if meta["choices"] is not None:
+            enum = next(e for e, values in SOURCES.items() if values is meta["choices"])
+            kind, default = enum, enum(default)
+        decls = [meta["flag"]] if meta["flag"] else []
+        opt = typer.Option(*decls, help=meta["help"], rich_help_panel=meta["panel"])
+        params.append(
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, opt]
+            )
+        )
+    return params
+
+
+def _signature() -> inspect.Signature:
+    before, after = _command_params()
+    return inspect.Signature([*before, *_config_params(), *after], return_annotation=None)
+
+
+def train_command(**options: Any) -> None:
     """Train a model with GRPO on exported rows (or, with --follow, on a gateway's stream); write checkpoints
     and metrics."""
     from polarproxy.train.config import TrainConfig
 
-    cfg = TrainConfig(
-        steps=steps,
-        lr=lr,
-        weight_decay=weight_decay,
-        max_grad_norm=max_grad_norm,
-        warmup_steps=warmup_steps,
-        schedule=schedule,
-        schedule_steps=schedule_steps,
-        min_lr_ratio=min_lr_ratio,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dual_clip=dual_clip,
-        tis_cap=tis_cap,
-        loss_agg=loss_agg,
-        importance_level=importance_level,
-        kl_coef=kl_coef,
-        ref_model=str(ref_model) if ref_model else None,
-        rows_per_step=rows_per_step,
-        token_budget=token_budget,
-        logprob_chunk=logprob_chunk,
-        gradient_checkpointing=gradient_checkpointing,
-        device=device,
-        bf16=bf16,
-        fused_loss=fused_loss,
-        save_every=save_every,
-        resume=resume,
-        seed=seed,
+    names = {f.name for f in dataclasses.fields(TrainConfig) if "help" in f.metadata}
+    _train(
+        TrainConfig(**{k: _plain(v) for k, v in options.items() if k in names}),
+        **{k: _plain(v) for k, v in options.items() if k not in names},
     )
+
+
+train_command.__signature__ = _signature()  # type: ignore[attr-defined]
+
+
+def _plain(value: Any) -> Any:
+    """An enum member as its string (what the library takes); anything else as it is."""
+    return value.value if isinstance(value, StrEnum) else value
+
+
+def _train(
+    cfg: TrainConfig,
+    *,
+    model: Path,
+    out: Path,
+    data: list[Path] | None,
+    sync: str | None,
+    sync_kind: str,
+    sync_pause: str | None,
+    sync_timeout: float,
+    follow: str | None,
+    control_token: str | None,
+    max_staleness: int | None,
+    strategy: str | None,
+    advantages: str | None,
+    json_out: bool,
+) -> None:
     try:
         cfg.check()
     except ValueError as e:
         usage_fail(str(e), "See `polarproxy train --help`.")
-    from polarproxy.train.sync import SYNC_KINDS
-
-    if sync_kind not in SYNC_KINDS:
-        usage_fail(
-            f"Unknown --sync-kind {sync_kind!r}. Must be one of {', '.join(map(repr, SYNC_KINDS))}.",
-            "See `polarproxy train --help`.",
-        )
     if (follow is None) == (not data):
         usage_fail(
             "Pass either --data FILE (export files) or --follow URL (a running gateway), not both or neither.",

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from polarproxy.choices import ESTIMATORS, GROUPS_MODES, STRATEGIES
 from polarproxy.control.routes import Refusal, Routes, request_key
 from polarproxy.control.stream import collect, decode_cursor, encode_cursor
 from polarproxy.harness.env import base_urls
@@ -63,8 +64,6 @@ EPISODES_PATH = "/polarproxy/v1/episodes"
 TRAJECTORIES_PATH = "/polarproxy/v1/trajectories"
 HEALTH_PATH = "/health"
 _EPISODE_ACTION = re.compile(f"^/polarproxy/v1/episodes/({EPISODE_ID})/(finish|reward)/?$")
-STRATEGIES = ("per-request", "prefix-merge")
-ESTIMATORS = ("none", "grpo", "rloo")
 MAX_WAIT_S = 300.0
 POLL_S = 0.25  # how often a long poll looks for episodes finished by other proxies on the same database
 DEFAULT_LIMIT = 100
@@ -339,7 +338,7 @@ class Control:
                 f"Unknown strategy {strategy!r}. Must be one of {', '.join(map(repr, STRATEGIES))}."
             )
         groups = q.get("groups") or "any"
-        if groups not in ("any", "complete"):
+        if groups not in GROUPS_MODES:
             raise BadRequest(f"Unknown groups {groups!r}. Must be 'complete' (whole groups only) or 'any'.")
         estimator = q.get("advantages") or "none"
         if estimator not in ESTIMATORS:

@@ -13,7 +13,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from polarproxy.capture.stack import ProxyConfig, close_stack, open_stack, start_episode
+from polarproxy.capture.proxy import start_episode
+from polarproxy.capture.stack import ProxyConfig, close_stack, open_stack
 from polarproxy.control.api import Control
 from polarproxy.store import keys
 from polarproxy.store.errors import StoreError

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from polarproxy.choices import ESTIMATORS, REWARD_SCALES
 from polarproxy.store.records import Episode
 
-ESTIMATORS = ("none", "grpo", "rloo")
-SCALES = ("group", "batch", "none")
+SCALES = REWARD_SCALES
 EPS = 1e-6
 
 

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from polarproxy.choices import EXPORT_FORMATS, TOKEN_FORMATS
 from polarproxy.errors import UsageError
 from polarproxy.export import parallel
 from polarproxy.export.advantages import AdvantageOptions, AdvantageReport, compute_advantages
@@ -18,8 +19,7 @@ from polarproxy.export.filters import ExportFilters
 from polarproxy.export.rows import ExportStats
 from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
-FORMATS = ("jsonl", "parquet", "sft")
-TOKEN_FORMATS = ("jsonl", "parquet")
+FORMATS = EXPORT_FORMATS
 DEFAULT_STRATEGY = "per-request"
 
 

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,36 +31,12 @@ from polarproxy.store.records import Call, Episode
 
 SCHEMA = "sft-row.v1"
 SCHEMA_VERSION = 1
-EPISODE_STATUSES = ("ok", "failed", "interrupted", "running")
 
 
 # -- filters ------------------------------------------------------------------------------------------
 
 
 SFTFilters = ExportFilters  # the filters of every export format (export/filters.py)
-
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_since(text: str, *, now: float | None = None) -> float:
-    """`--since`: an ISO date or time (`2026-01-31`, `2026-01-31T12:00:00Z`) or an age (`90m`, `24h`, `7d`)."""
-    m = _DURATION.match(text.strip())
-    if m:
-        return (now if now is not None else time.time()) - float(m.group(1)) * _UNITS[m.group(2)]
-    try:
-        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(
-            f"Bad --since {text!r}.",
-            hint="Give an ISO date or time (2026-01-31, 2026-01-31T12:00:00Z) or an age (90m, 24h, 7d).",
-        ) from None
-    if dt.tzinfo is None:
-        from datetime import UTC
-
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 # -- trajectories -------------------------------------------------------------------------------------
@@ -449,31 +422,3 @@ def _counting(rows: Iterator[dict[str, Any]], progress: Callable[[int], None]) -
     for i, row in enumerate(rows, 1):
         progress(i)
         yield row
-
-
-def run_export_sft(
-    store: Any,
-    out: str | os.PathLike[str],
-    *,
-    episodes: Sequence[str] | None = None,
-    status: str | None = None,
-    min_reward: float | None = None,
-    since: str | None = None,
-    harness: str | None = None,
-    model: str | None = None,
-    tokenizer: str | os.PathLike[str] | None = None,
-    encoding: str | None = None,
-) -> dict[str, Any]:
-    """`export --format sft` with its filters as strings; the same as export.run.run_export(fmt='sft')."""
-    from polarproxy.export.run import run_export
-
-    filters = ExportFilters(
-        status=status,
-        min_reward=min_reward,
-        since=parse_since(since) if since is not None else None,
-        harness=harness,
-        model_name=model,
-    )
-    return run_export(
-        store, out, fmt="sft", filters=filters, episodes=episodes, tokenizer=tokenizer, encoding=encoding
-    )

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from polarproxy.choices import TOKEN_FORMATS
 from polarproxy.export.rows import ExportStats
 from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
@@ -24,7 +25,7 @@ class Writer(Protocol):
     ) -> ExportStats: ...
 
 
-FORMATS = ("jsonl", "parquet")
+FORMATS = TOKEN_FORMATS
 
 
 def get_writer(fmt: str) -> Writer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -21,20 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polarproxy.capture.early import EarlyProxy
-from polarproxy.capture.stack import (
-    ProxyConfig,
-    Stack,
-    close_stack,
-    create_episode,
-    open_stack,
-    serve_recorder,
-)
+from polarproxy.capture.stack import ProxyConfig, Stack, close_stack, create_episode, open_stack
 from polarproxy.harness.child import ChildExit, run_child, stop_harness
 from polarproxy.harness.env import PLACEHOLDER_KEY, base_urls, harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
 from polarproxy.store.errors import StoreError
 
-if TYPE_CHECKING:  # YAML is imported only with a preset
+if TYPE_CHECKING:  # YAML is imported only with a preset, mitmproxy once the proxy starts (capture/early.py)
+    from polarproxy.capture.proxy import RunningProxy
     from polarproxy.harness.presets import Preset
 
 
@@ -91,7 +86,7 @@ async def record(
     episode_id = await create_episode(stack, cfg, command)
     try:  # mitmproxy starts beside the harness (capture/early.py)
         proxy = EarlyProxy(
-            lambda sock: serve_recorder(stack, episode_id, sock=sock),
+            lambda sock: _serve_recorder(stack, episode_id, sock),
             module="polarproxy.capture.proxy",
             host=cfg.host,
             port=cfg.port,
@@ -139,6 +134,14 @@ async def record(
         reward=verified if isinstance(verified, VerifierResult) else None,
         reward_error=verified if isinstance(verified, str) else verified_error,
     )
+
+
+async def _serve_recorder(stack: Stack, episode_id: str, sock: socket.socket) -> RunningProxy:
+    """mitmproxy with the recorder on the socket `record` listens on (capture/proxy.py: imported here, beside
+    the harness, not before it starts)."""
+    from polarproxy.capture.proxy import serve_recorder
+
+    return await serve_recorder(stack, episode_id, sock=sock)
 
 
 async def _verify(verifier: Verifier, env: dict[str, str], episode_id: str, rc: int) -> VerifierResult | str:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from polarproxy.choices import REASONING_FORMATS
 from polarproxy.conversation import Completion, FinishReason, StreamEvent, Tool, Usage
 from polarproxy.render.parsers import OWN_REASONING, PARSERS
 from polarproxy.render.parsers.base import Output, partial_suffix
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-REASONING_FORMATS = ("think", "none")
 
 
 def opens_reasoning(prompt_tail: str) -> bool:

@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from polarproxy.choices import PREFIX_POLICIES, PrefixPolicy
 from polarproxy.conversation import Completion, Conversation, Message, ToolCall, Usage
 from polarproxy.errors import UsageError
 from polarproxy.render.folds import fold_level, fold_name
@@ -68,8 +69,7 @@ MAX_EPISODES = 256
 CALLS_PER_EPISODE = 8
 MAX_CHECKED_SHAPES = 256
 
-PrefixPolicy = Literal["extend", "fresh"]
-POLICIES: tuple[PrefixPolicy, ...] = ("extend", "fresh")
+POLICIES = PREFIX_POLICIES
 Check = Literal["once", "always"]
 
 

@@ -23,15 +23,13 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import orjson
 
+from polarproxy.choices import REWARD_FROM, RewardFrom
 from polarproxy.rewards.redact import redact_command, redact_output
 from polarproxy.store.records import RewardOrigin
 
-RewardFrom = Literal["exit", "stdout"]
-REWARD_FROM: tuple[str, ...] = ("exit", "stdout")
 DEFAULT_TIMEOUT_S = 600.0
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the verifier's process group
 OUTPUT_TAIL_CHARS = 4000  # of stdout, and of stderr, kept with the reward

@@ -141,7 +141,8 @@ class LocalGateway(ControlEpisodes):
         self.loop.run_until_complete(self._main())
 
     async def _main(self) -> None:
-        from polarproxy.capture.stack import close_stack, open_stack, serve_recorder
+        from polarproxy.capture.proxy import serve_recorder
+        from polarproxy.capture.stack import close_stack, open_stack
         from polarproxy.control.api import Control
 
         try:

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polarproxy.choices import ISOLATIONS
 from polarproxy.errors import UsageError
 from polarproxy.rollout import bridge
 
-ISOLATIONS = ("none", "bwrap", "docker", "apptainer")
 SOCKET_NAME = "gateway.sock"
 KILL_GRACE_S = 3.0
 BRIDGE_PATH = Path(bridge.__file__).resolve()

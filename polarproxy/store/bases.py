@@ -151,11 +151,6 @@ class RecentCalls:
         self._bytes -= known.size
         self._episode_of.pop(known.call_id, None)
 
-    def forget_episode(self, episode_id: str) -> None:
-        with self._lock:
-            for known in self._episodes.pop(episode_id, {}).values():
-                self._drop(known)
-
     def _trim(self) -> None:
         while self._bytes > self.budget_bytes and len(self._episodes) > 1:
             _, calls = self._episodes.popitem(last=False)

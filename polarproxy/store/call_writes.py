@@ -98,6 +98,14 @@ FINISH_COLUMNS = (
 )
 
 
+def in_order(values: dict[str, Any], columns: tuple[str, ...]) -> list[Any]:
+    """`values`, named by column, as the positional row the statements take (`columns`' order); a name
+    missing or one too many is refused here rather than shifting every value after it."""
+    if len(values) != len(columns):  # equal lengths: a name left out is also one missing, a KeyError below
+        raise KeyError(f"row names {sorted(values)} do not match the columns {list(columns)}")
+    return [values[c] for c in columns]
+
+
 @dataclass(frozen=True, slots=True)
 class _Statements:
     next_seqs: str  # episodes' next_seq += n, RETURNING (id, next_seq)
@@ -246,27 +254,26 @@ def _finish_row(call_id: str, result: CallResult, dialect: str) -> tuple[Any, ..
             "logprobs; give one logprob per sampled ID, or none."
         )
     output = pack_ids(result.output_ids)
-    row = (
-        result.status,
-        result.error,
-        result.http_status,
-        result.response_body,
-        None if result.completion is None else _dumps(result.completion),
-        output,
-        pack_logprobs(result.output_logprobs),
-        len(result.output_ids),
-        result.finish_reason,
-        result.weight_version,
-        result.weight_version_first,
-        result.weight_version_last,
-        result.latency_ms,
-        result.ttft_ms,
-        result.ended_at or time.time(),
-        result.prompt_tokens,
-        result.completion_tokens,
-        call_id,
-        output,
-    )
+    values = {
+        "status": result.status,
+        "error": result.error,
+        "http_status": result.http_status,
+        "response_body": result.response_body,
+        "completion_json": None if result.completion is None else _dumps(result.completion),
+        "output_ids": output,
+        "output_logprobs": pack_logprobs(result.output_logprobs),
+        "output_len": len(result.output_ids),
+        "finish_reason": result.finish_reason,
+        "weight_version": result.weight_version,
+        "weight_version_first": result.weight_version_first,
+        "weight_version_last": result.weight_version_last,
+        "latency_ms": result.latency_ms,
+        "ttft_ms": result.ttft_ms,
+        "ended_at": result.ended_at or time.time(),
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+    }
+    row = (*in_order(values, FINISH_COLUMNS), call_id, output)
     return tuple(storable(v, dialect) for v in row)
 
 
@@ -357,36 +364,37 @@ class CallWritesMixin:
         bodies = (body, None if conversation is None else _dumps(conversation))
         chosen = self._choose_base(start, prompt)
         base, delta = (None, None) if chosen is None else (chosen[0], _bodies_delta(chosen[1], bodies))
-        row = [
-            call_id,
-            start.episode_id,
-            None,  # seq
-            start.dialect,
-            start.method,
-            _redacted_path(start.path),
-            start.model,
-            bool(start.stream),
-            "in_flight",
-            _dumps(_redacted_headers(start.request_headers)),
-            bodies[0],
-            bodies[1],
-            None,  # bodies_delta
-            None,  # prompt_base_call_id
-            0,  # prompt_base_len
-            prompt,
-            len(start.prompt_ids),
-            b"",
-            b"",
-            0,
-            start.backend,
-            start.backend_kind,
-            start.fidelity,
-            start.render_mode,
-            start.extended_from,
-            start.render_note,
-            start.started_at or time.time(),
-            _temperature(start, conversation),
-        ]
+        values = {
+            "id": call_id,
+            "episode_id": start.episode_id,
+            "seq": None,  # given in the transaction
+            "dialect": start.dialect,
+            "method": start.method,
+            "path": _redacted_path(start.path),
+            "model": start.model,
+            "stream": bool(start.stream),
+            "status": "in_flight",
+            "request_headers_json": _dumps(_redacted_headers(start.request_headers)),
+            "request_body": bodies[0],
+            "conversation_json": bodies[1],
+            "bodies_delta": None,  # set when a base is chosen
+            "prompt_base_call_id": None,
+            "prompt_base_len": 0,
+            "prompt_tail_ids": prompt,
+            "prompt_len": len(start.prompt_ids),
+            "output_ids": b"",
+            "output_logprobs": b"",
+            "output_len": 0,
+            "backend": start.backend,
+            "backend_kind": start.backend_kind,
+            "fidelity": start.fidelity,
+            "render_mode": start.render_mode,
+            "extended_from": start.extended_from,
+            "render_note": start.render_note,
+            "started_at": start.started_at or time.time(),
+            "temperature": _temperature(start, conversation),
+        }
+        row = in_order(values, BEGIN_COLUMNS)
         if self.dialect == "postgresql":  # a model name or a note may hold a NUL
             row = [storable(v, self.dialect) for v in row]
         return _Begin(call_id, start.episode_id, prompt, bodies, base, delta, row)

@@ -73,11 +73,6 @@ def lookup(store: Store, key: str) -> KeyedEpisode | None:
     )
 
 
-def is_keyed(store: Store, episode_id: str) -> bool:
-    with store._read() as conn:
-        return conn.execute(select(K.c.episode_id).where(K.c.episode_id == episode_id)).first() is not None
-
-
 def record_finish(store: Store, episode_id: str) -> int:
     """Mark the episode finished in the control API's order; returns its place in that order (`seq`)."""
     now = time.time()

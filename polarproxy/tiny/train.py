@@ -28,7 +28,7 @@ SHORT_ANSWER = "OK."
 
 
 @dataclass
-class Sample:
+class ScriptSample:
     ids: list[int]
     targets: list[bool]  # True where the token is part of an assistant reply
     prefix_len: int = 0  # leading tokens of the system turn (shared by samples with the same system turn)
@@ -41,7 +41,7 @@ def build_sample(
     tools: list[dict[str, Any]] | None,
     *,
     thinking: bool,
-) -> Sample:
+) -> ScriptSample:
     """Tokenize a conversation prefix-preservingly; every assistant message is a target."""
     full = render(messages, tools=tools, add_generation_prompt=False, enable_thinking=thinking)
     ids: list[int] = []
@@ -67,7 +67,7 @@ def build_sample(
         ids += encode(full[len(prompt) : reply_end])
         targets += [True] * (len(ids) - len(targets))
         done = reply_end
-    return Sample(ids, targets, prefix_len)
+    return ScriptSample(ids, targets, prefix_len)
 
 
 def _with_thinking_flag(messages: list[dict[str, Any]], thinking: bool) -> list[dict[str, Any]]:
@@ -78,7 +78,7 @@ def _with_thinking_flag(messages: list[dict[str, Any]], thinking: bool) -> list[
 
 def random_sample(
     rng: random.Random, render: Callable[..., str], encode: Callable[[str], list[int]]
-) -> Sample:
+) -> ScriptSample:
     thinking = rng.random() < 0.75
     kind = rng.random()
     if kind < SCRIPTED_SHARE:
@@ -135,31 +135,31 @@ def train(
         torch.set_num_threads(threads)
 
 
-def make_batches(pool: list[Sample]) -> list[list[Sample]]:
+def make_batches(pool: list[ScriptSample]) -> list[list[ScriptSample]]:
     """Batches whose samples share their system turn (computed once per batch) and have similar
     lengths (little padding)."""
-    groups: dict[tuple[int, ...], list[Sample]] = {}
+    groups: dict[tuple[int, ...], list[ScriptSample]] = {}
     for s in pool:
         groups.setdefault(tuple(s.ids[: s.prefix_len]), []).append(s)
-    loose: list[Sample] = []  # samples whose system turn is too rare to share
+    loose: list[ScriptSample] = []  # samples whose system turn is too rare to share
     batches = []
     for key in sorted(groups, key=lambda k: (len(k), k)):
         members = groups[key]
         if len(members) < BATCH_SIZE:
-            loose += [Sample(m.ids, m.targets, 0) for m in members]
+            loose += [ScriptSample(m.ids, m.targets, 0) for m in members]
             continue
         batches += _chunks(sorted(members, key=lambda s: len(s.ids)))
     batches += _chunks(sorted(loose, key=lambda s: len(s.ids)))
     return batches
 
 
-def _chunks(samples: list[Sample]) -> list[list[Sample]]:
+def _chunks(samples: list[ScriptSample]) -> list[list[ScriptSample]]:
     """Consecutive batches of near-equal size, none larger than BATCH_SIZE."""
     k = -(-len(samples) // BATCH_SIZE)
     return [samples[i * len(samples) // k : (i + 1) * len(samples) // k] for i in range(k)]
 
 
-def _forward_batch(model: Any, batch: list[Sample], pad_id: int) -> Any:
+def _forward_batch(model: Any, batch: list[ScriptSample], pad_id: int) -> Any:
     """Cross-entropy over the reply tokens of `batch`; a shared system turn is computed once."""
     import torch
 

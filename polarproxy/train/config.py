@@ -3,49 +3,75 @@ before anything heavy is imported."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "episode-token-mean")
-IMPORTANCE_LEVELS = ("token", "sequence")
-SCHEDULES = ("constant", "linear", "cosine")
-FUSED_LOSS = ("auto", "liger", "off")
-DEVICES = ("auto", "cpu", "cuda")
+from polarproxy.choices import DEVICES, FUSED_LOSS, IMPORTANCE_LEVELS, LOSS_AGGS, SCHEDULES
+
+LOSS = "Loss"  # the help panels of `polarproxy train`
+RUN = "Run"
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    panel: str | None = RUN,
+    flag: str | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A field that is also an option of `polarproxy train`: its default, help, help panel, flag spelling
+    (default `--name-with-dashes`) and closed choices (a tuple of polarproxy/choices.py) live here only."""
+    return field(default=default, metadata={"help": help, "panel": panel, "flag": flag, "choices": choices})
 
 
 @dataclass(slots=True)
 class TrainConfig:
     """One training run. `steps` optimizer steps; each step takes `rows_per_step` rows (0: all rows, so a
     step is one pass over the data), split into micro-batches of at most `token_budget` tokens (a longer
-    row gets a micro-batch of its own)."""
+    row gets a micro-batch of its own). Each field with help is an option of `polarproxy train`, built
+    from this declaration (commands/train.py)."""
 
-    steps: int | None = None  # None: one pass over the rows
-    lr: float = 1e-6
-    weight_decay: float = 0.0
+    steps: int | None = option(None, "Optimizer steps (default: one pass over the rows).", panel=None)
+    lr: float = option(1e-6, "Peak learning rate (AdamW).", panel=None)
+    clip_low: float = option(0.2, "Lower clip ε: ratio ≥ 1 - ε.", panel=LOSS)
+    clip_high: float = option(0.28, "Upper clip ε: ratio ≤ 1 + ε.", panel=LOSS)
+    dual_clip: float | None = option(
+        None, "Dual clip c > 1: loss ≤ c·|A| for negative advantages.", panel=LOSS
+    )
+    tis_cap: float | None = option(
+        None, "Truncated importance sampling: weight tokens by min(π/π_behaviour, CAP).", panel=LOSS
+    )
+    loss_agg: str = option("token-mean", "How token losses are averaged.", panel=LOSS, choices=LOSS_AGGS)
+    importance_level: str = option(
+        "token",
+        "token, or sequence (GSPO: exp of the mean log-ratio).",
+        panel=LOSS,
+        choices=IMPORTANCE_LEVELS,
+    )
+    kl_coef: float = option(0.0, "k3 KL penalty to the reference (0: none).", panel=LOSS)
+    ref_model: str | None = option(None, "Reference model for --kl-coef (default: --model).", panel=LOSS)
+    rows_per_step: int = option(0, "Rows per optimizer step (0: all).")
+    token_budget: int = option(8192, "Tokens per packed micro-batch.")
+    logprob_chunk: int = option(1024, "Tokens per lm_head chunk.")
+    warmup_steps: int = option(0, "Linear warm-up steps.")
+    schedule: str = option("constant", "Learning-rate schedule after the warm-up.", choices=SCHEDULES)
+    # horizon of linear/cosine decay (default: the last step of this run)
+    schedule_steps: int | None = option(None, "Decay horizon in global steps (default: the last step).")
+    min_lr_ratio: float = option(0.1, "Decay floor as a share of --lr.")
+    weight_decay: float = option(0.0, "AdamW weight decay.")
+    max_grad_norm: float = option(1.0, "Gradient clipping norm (0: off).")
+    gradient_checkpointing: bool = option(
+        False, "Recompute activations in backward.", flag="--gradient-checkpointing"
+    )
+    device: str = option("auto", "Where to train.", choices=DEVICES)
+    # autocast to bfloat16 on CUDA; the CPU path stays float32
+    bf16: bool = option(True, "bf16 autocast on CUDA.", flag="--bf16/--no-bf16")
+    fused_loss: str = option("auto", "liger: liger-kernel's fused GRPO loss on CUDA.", choices=FUSED_LOSS)
+    save_every: int = option(0, "Checkpoint every N steps (0: at the end).")  # 0: only after the last step
+    resume: bool = option(False, "Continue from the last checkpoint in --out.", panel=None, flag="--resume")
+    seed: int = option(0, "Random seed.", panel=None)
     betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    schedule: str = "constant"
-    schedule_steps: int | None = None  # horizon of linear/cosine decay (default: the last step of this run)
-    min_lr_ratio: float = 0.1
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = None
-    tis_cap: float | None = None
-    loss_agg: str = "token-mean"
-    importance_level: str = "token"
-    kl_coef: float = 0.0
-    ref_model: str | None = None  # default: the starting model
-    rows_per_step: int = 0
-    token_budget: int = 8192
-    logprob_chunk: int = 1024
-    gradient_checkpointing: bool = False
-    device: str = "auto"
-    bf16: bool = True  # autocast to bfloat16 on CUDA; the CPU path stays float32
-    fused_loss: str = "auto"
-    save_every: int = 0  # 0: save only after the last step
-    resume: bool = False
-    seed: int = 0
     shuffle: bool = True
 
     def check(self) -> None:

@@ -38,12 +38,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from polarproxy.choices import STRATEGIES
 from polarproxy.train.config import TrainConfig
 from polarproxy.train.data import Sample, sample_from_row
 
 log = logging.getLogger("polarproxy.train.follow")
 
-FOLLOW_STRATEGIES = ("per-request", "prefix-merge")
+FOLLOW_STRATEGIES = STRATEGIES
 FOLLOW_ADVANTAGES = ("grpo", "rloo")  # "none" gives rows without advantages, which the trainer refuses
 WAIT_S = 2.0  # one long poll: also how long an idle follower takes to notice a stop
 

@@ -33,17 +33,14 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from polarproxy.backends.checkpoint import CHECKPOINT_META, CheckpointMetaError, read_weight_version
+from polarproxy.choices import PAUSE_MODES, SYNC_KINDS, PauseMode, SyncKind
 
-SyncKind = Literal["sglang", "local", "vllm"]
-SYNC_KINDS: tuple[SyncKind, ...] = ("sglang", "local", "vllm")
-PauseMode = Literal["abort", "retract", "in_place"]
-PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "retract", "in_place")
 _BODY_SHOWN = 300  # characters of an unexpected answer quoted in an error
 
 

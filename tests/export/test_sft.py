@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
+from polarproxy.ages import parse_time
 from polarproxy.cli import app
 from polarproxy.conversation import Completion, Conversation, Message, Tool, ToolCall, Usage
 from polarproxy.export.schema import load_schema
@@ -17,7 +18,6 @@ from polarproxy.export.sft import (
     SFTFilters,
     TemplateTokenization,
     TiktokenTokenization,
-    parse_since,
     sft_rows,
     tokenize,
 )
@@ -175,16 +175,9 @@ def test_filters(store):
         "claude-haiku"
     }
     assert rows_of(store, filters=SFTFilters(since=time.time() + 60)) == []
-    assert len(rows_of(store, filters=SFTFilters(since=parse_since("1h")))) == 6
+    assert len(rows_of(store, filters=SFTFilters(since=parse_time("1h")))) == 6
     with pytest.raises(Exception, match="Unknown --status 'good'"):
         SFTFilters(status="good")
-
-
-def test_parse_since_reads_ages_and_iso_times():
-    assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
-    assert parse_since("2026-01-31T00:00:00Z") == 1769817600.0
-    with pytest.raises(Exception, match="Bad --since 'yesterday'"):
-        parse_since("yesterday")
 
 
 def _trainable_runs(ids: list[int], mask: list[int], decode) -> list[str]:

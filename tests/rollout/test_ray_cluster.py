@@ -168,7 +168,8 @@ def test_three_node_ray_rollout_survives_a_killed_node_and_stays_on_loopback(
 ) -> None:
     if importlib.util.find_spec("ray") is None and not os.environ.get("CI"):  # CI has the `ray` extra
         pytest.skip("Ray is not installed (pip install 'polarproxy[ray]')")
-    from polarproxy.commands.proxy_options import BackendMode, proxy_config
+    from polarproxy.commands.enums import BackendMode
+    from polarproxy.commands.proxy_options import proxy_config
     from polarproxy.rollout.ray_runner import LocalCluster, NodeSpec, RayTarget, run_on_ray
     from polarproxy.rollout.sandbox import get_runner
     from polarproxy.rollout.stages import Settings

@@ -97,3 +97,21 @@ def test_body_edits_compressed_with_a_small_window_read_back_with_zlib_defaults(
     packed = textdelta._compress(raw)
     assert zlib.decompress(packed) == raw
     assert len(packed) <= len(zlib.compress(raw, 6)) + 2
+
+
+def test_the_written_columns_are_the_calls_tables_and_rows_are_built_by_name():
+    """The positional statements take their values from one name list each (store/call_writes.py): every
+    name is a column of `calls`, and a row with a name missing or one too many is refused, not shifted."""
+    from polarproxy.store import schema
+    from polarproxy.store.call_writes import BEGIN_COLUMNS, FINISH_COLUMNS, in_order
+
+    table = {c.name for c in schema.calls.columns}
+    for columns in (BEGIN_COLUMNS, FINISH_COLUMNS):
+        assert len(set(columns)) == len(columns) and set(columns) <= table
+    values = {c: i for i, c in enumerate(BEGIN_COLUMNS)}
+    assert in_order(values, BEGIN_COLUMNS) == list(range(len(BEGIN_COLUMNS)))
+    with pytest.raises(KeyError):
+        in_order({**values, "typo": 1}, BEGIN_COLUMNS)
+    del values["seq"]
+    with pytest.raises(KeyError):
+        in_order({**values, "sequence": 2}, BEGIN_COLUMNS)

@@ -21,10 +21,9 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
 
-PauseMode = Literal["abort", "retract", "in_place"]
-PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "retract", "in_place")
+from polarproxy.choices import PAUSE_MODES, PauseMode
+
 _POLL_S = 0.05
 
 

@@ -6,6 +6,7 @@ model's chat template and tokenizer call for.
 
 from __future__ import annotations
 
+from polarproxy.choices import TOOL_FORMATS
 from polarproxy.render.parsers.base import Output, ToolParser
 from polarproxy.render.parsers.deepseek import DeepSeekParser
 from polarproxy.render.parsers.harmony import HarmonyParser
@@ -22,7 +23,7 @@ PARSERS: dict[str, type[ToolParser]] = {
     "mistral": MistralParser,
     "harmony": HarmonyParser,
 }
-TOOL_FORMATS: tuple[str, ...] = tuple(PARSERS)
+# the formats are declared in polarproxy/choices.py; a test ties PARSERS to them
 # Families whose format carries its own reasoning channel (reasoning tags do not apply).
 OWN_REASONING: frozenset[str] = frozenset({"harmony"})
 
