@@ -71,11 +71,10 @@ def test_no_module_declares_a_choice_set_again():
         if path.name == "choices.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Tuple | ast.List | ast.Set) and len(node.elts) >= 2:
-                if all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
-                    values = frozenset(e.value for e in node.elts)  # type: ignore[attr-defined]
-                    if values in sets and len(values) == len(node.elts):
-                        again.append(
-                            f"{path.relative_to(PACKAGE.parent)}:{node.lineno} repeats {sets[values]}"
-                        )
+            if not isinstance(node, ast.Tuple | ast.List | ast.Set) or len(node.elts) < 2:
+                continue
+            if all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+                values = frozenset(e.value for e in node.elts)  # type: ignore[attr-defined]
+                if values in sets and len(values) == len(node.elts):
+                    again.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} repeats {sets[values]}")
     assert not again, "\n".join(again)

@@ -60,8 +60,31 @@ def rollout(
     ] = None,
     isolation: Annotated[
         Isolation | None,
-        typer.Option(help="Sandbox of each harness (default: bwrap where it works, else none)."),
+        typer.Option(
+            help="Sandbox of each harness, setup and verify command (default: bwrap; where it does not work, "
+            "an error: `none` runs the agents unsandboxed only when asked for)."
+        ),
     ] = None,
+    pass_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pass-env",
+            help="Pass this host environment variable to the harness, setup and verify commands (repeatable; "
+            "only PATH, locale and terminal variables pass otherwise).",
+        ),
+    ] = None,
+    ro_bind: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--ro-bind",
+            help="Show this host path to the bwrap sandbox, read-only (repeatable): an install the allow-list "
+            "does not find.",
+        ),
+    ] = None,
+    max_workspace_bytes: Annotated[
+        str,
+        typer.Option(help="Most the evaluate stage copies of a workspace (512M, 4G; apparent sizes)."),
+    ] = "1G",
     image: Annotated[
         str | None, typer.Option(help="Container image, for --isolation docker|apptainer.")
     ] = None,
@@ -121,6 +144,22 @@ def rollout(
     ray_target = _ray_target(ray, serve, db)
     if isolation in (Isolation.docker, Isolation.apptainer) and not image:
         usage_fail(f"--isolation {isolation.value} needs --image.")
+    from polarproxy.sizes import parse_size
+
+    try:
+        workspace_cap = parse_size(max_workspace_bytes)
+    except ValueError as e:
+        usage_fail(f"--max-workspace-bytes: {e}")
+    for name in pass_env or []:
+        if not name or "=" in name:
+            usage_fail(
+                f"--pass-env {name!r} is not a variable name.", "Pass the name alone: --pass-env HF_HOME."
+            )
+    for path in ro_bind or []:
+        if not path.is_absolute() or not path.exists():
+            usage_fail(
+                f"--ro-bind {path} is not an existing absolute path.", "Pass one, e.g. --ro-bind /opt/node."
+            )
     try:
         task_list = load_tasks(tasks)
         preset = _preset(harness)
@@ -165,6 +204,11 @@ def rollout(
             db=db,
             progress=not json_out and sys.stderr.isatty(),
             ray=ray_target,
+            sandbox={
+                "pass_env": list(pass_env or []),
+                "ro_binds": list(ro_bind or []),
+                "max_workspace_bytes": workspace_cap,
+            },
         )
     except PolarproxyError as e:
         fail(e.message, e.hint)
@@ -223,6 +267,7 @@ def run_rollout(
     db: str | None,
     progress: bool,
     ray: Any = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Start (or reach) the gateway, run the plan, return (summary, whether every episode finished)."""
     import tempfile
@@ -255,6 +300,7 @@ def run_rollout(
             setup_timeout_s=timeouts[0],
             execute_timeout_s=timeouts[1],
             verify_timeout_s=timeouts[2],
+            **(sandbox or {}),
         )
         spec = NodeSpec(cfg, template, concurrency, workdir=workdir.resolve() if workdir else None)
         bars = _Display(len(task_list) * samples) if progress else None
@@ -305,6 +351,7 @@ def run_rollout(
         execute_timeout_s=timeouts[1],
         verify_timeout_s=timeouts[2],
         keep=workdir is not None,
+        **(sandbox or {}),
     )
     relay_dir = Path(tempfile.mkdtemp(prefix="polarproxy-bridge-"))
     relay = start_relay(settings, relay_dir)

@@ -6,7 +6,7 @@ Routes (JSON in and out; with a control token, each needs `Authorization: Bearer
     POST /polarproxy/v1/episodes                   {task, group, harness, metadata} -> {episode_id, api_key, base_urls}
     GET  /polarproxy/v1/episodes?status=&task=&group=&limit=
     POST /polarproxy/v1/episodes/{id}/finish       {exit_code, reward}
-    POST /polarproxy/v1/episodes/{id}/reward       {reward, call} (the addon stores it; the episode's own key also does)
+    POST /polarproxy/v1/episodes/{id}/reward       {reward, call} (the addon stores it; never with an episode key)
     GET  /polarproxy/v1/trajectories?strategy=per-request|prefix-merge&cursor=C&wait=S
                                      [&groups=complete&advantages=grpo|rloo|none&limit=N]
 
@@ -164,17 +164,9 @@ class Control:
         if bare == HEALTH_PATH:
             return self._health(flow, req.method)
         action = _EPISODE_ACTION.match(bare)
-        if not await self._authorized(
-            req, action.group(1) if action and action.group(2) == "reward" else None
-        ):
-            _json(
-                flow,
-                401,
-                {
-                    "error": "The control API needs the control token: send Authorization: Bearer TOKEN "
-                    "(serve --control-token / POLARPROXY_CONTROL_TOKEN)."
-                },
-            )
+        denied = await self._denied(req)
+        if denied is not None:
+            _json(flow, denied[0], {"error": denied[1]})
             return True
         try:
             if bare == EPISODES_PATH:
@@ -202,19 +194,29 @@ class Control:
             return True
         return False  # the reward route, or an unknown one: the addon answers
 
-    async def _authorized(self, req: http.Request, reward_episode: str | None) -> bool:
+    async def _denied(self, req: http.Request) -> tuple[int, str] | None:
+        """None when the request may use the control routes (no control token set, or it carries it); else
+        the status and message. An episode's API key makes model calls and nothing else: it never sets a
+        reward or a status (403), and once its episode is finished it is refused everywhere (409)."""
         if self.token is None:
-            return True
+            return None
         auth = req.headers.get("authorization", "")
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode()):
-            return True
-        if reward_episode is not None:  # the episode's own key may set its reward
-            key = request_key(req)
-            if key is not None:
-                found = await asyncio.to_thread(keys.lookup, self.store, key)
-                return found is not None and found.episode_id == reward_episode
-        return False
+            return None
+        key = request_key(req)
+        found = None if key is None else await asyncio.to_thread(keys.lookup, self.store, key)
+        if found is not None and found.finished:
+            return 409, f"Episode {found.episode_id} is finished ({found.status}); its API key is refused."
+        if found is not None:
+            return 403, (
+                "An episode's API key makes model calls only: rewards and ends come from the verifier or "
+                "from a holder of the control token (Authorization: Bearer TOKEN)."
+            )
+        return 401, (
+            "The control API needs the control token: send Authorization: Bearer TOKEN "
+            "(serve --control-token / POLARPROXY_CONTROL_TOKEN)."
+        )
 
     def _health(self, flow: http.HTTPFlow, method: str) -> bool:
         from polarproxy import __version__

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 PLACEHOLDER_KEY = "sk-polarproxy-local"  # `record`'s key: the proxy does not check it
+# polarproxy's own secrets: the store's URL (a password in it), the control and sync keys. `record` passes
+# the user's environment on (intercept mode needs the real provider key), but never these.
+HOST_ONLY = ("POLARPROXY_DB", "POLARPROXY_CONTROL_TOKEN", "POLARPROXY_SYNC_API_KEY")
 
 
 def base_urls(proxy_url: str) -> dict[str, str]:
@@ -32,9 +35,14 @@ def sdk_env(urls: Mapping[str, str], key: str, episode_id: str) -> dict[str, str
 def harness_env(
     base: Mapping[str, str], urls: Mapping[str, str], key: str, episode_id: str
 ) -> dict[str, str]:
-    """`base` with the SDK variables set (`sdk_env`) and an Anthropic auth token dropped (it would win over
-    the key)."""
-    env = dict(base)
+    """`base` with the SDK variables set (`sdk_env`), an Anthropic auth token dropped (it would win over the
+    key) and polarproxy's own secrets (`HOST_ONLY`) left out."""
+    env = without_host_secrets(base)
     env.update(sdk_env(urls, key, episode_id))
     env.pop("ANTHROPIC_AUTH_TOKEN", None)
     return env
+
+
+def without_host_secrets(base: Mapping[str, str]) -> dict[str, str]:
+    """`base` less polarproxy's own secrets (`HOST_ONLY`)."""
+    return {k: v for k, v in base.items() if k not in HOST_ONLY}

@@ -21,7 +21,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -154,16 +154,21 @@ def run_verifier(
     env: Mapping[str, str],
     episode_id: str,
     harness_exit_code: int,
+    wrap: Callable[[list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None = None,
 ) -> VerifierResult:
     """Run the verifier and read its reward (see the module docstring). Never raises for what the command
-    does; OSError only when the shell itself cannot be started."""
+    does; OSError only when the shell itself cannot be started. `wrap(argv, env)` gives the command line and
+    environment that run it elsewhere (`rollout`'s sandbox)."""
     child_env = dict(env)
     child_env["POLARPROXY_EPISODE"] = episode_id
     child_env["POLARPROXY_EXIT_CODE"] = str(harness_exit_code)
     command = redact_command(verifier.command)
+    argv = ["/bin/sh", "-c", verifier.command]
+    if wrap is not None:
+        argv, child_env = wrap(argv, child_env)
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", verifier.command],
+        argv,
         cwd=os.fspath(cwd),
         env=child_env,
         stdin=subprocess.DEVNULL,

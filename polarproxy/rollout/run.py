@@ -6,6 +6,7 @@ of the same rollout ID finished (read back from the episodes' metadata in the st
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import signal
@@ -21,7 +22,16 @@ from typing import Any
 from polarproxy.errors import UsageError
 from polarproxy.rollout.bridge import HostRelay
 from polarproxy.rollout.sandbox import SOCKET_NAME
-from polarproxy.rollout.stages import STAGE_FUNCS, STAGES, Job, Settings, StageError, end_episode, group_id
+from polarproxy.rollout.stages import (
+    STAGE_FUNCS,
+    STAGES,
+    Job,
+    Settings,
+    StageError,
+    end_episode,
+    group_id,
+    passed_env_names,
+)
 from polarproxy.rollout.tasks import Task
 
 FINISHED = ("ok", "failed")  # episode statuses of a harness that ran to its end
@@ -225,8 +235,11 @@ def start_relay(settings: Settings, root: Path) -> HostRelay | None:
     if not settings.runner.bridged:
         return None
     root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)  # an episode's user may reach the socket by name, not list or change the folder
     settings.socket_dir = root
-    return HostRelay(root / SOCKET_NAME, settings.episodes.port)
+    relay = HostRelay(root / SOCKET_NAME, settings.episodes.port)
+    os.chmod(root / SOCKET_NAME, 0o666)
+    return relay
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -283,6 +296,7 @@ def summary(jobs: list[Job], settings: Settings, *, wall_s: float) -> dict[str, 
         "rollout_id": settings.rollout_id,
         "db": settings.episodes.db,
         "isolation": settings.runner.name,
+        "env_passed": passed_env_names(settings),  # the host variables the agents saw (values never shown)
         "wall_s": round(wall_s, 3),
         "states": states,
         "tasks": per_task,

@@ -3,16 +3,24 @@ harness in an episode's sandbox, and the process that runs it (its own process g
 its time limit or when the episode is stopped).
 
 Every sandbox but `none` gives the harness a fresh HOME, makes only the episode's workspace (and that
-HOME) writable, hides the paths it is given (the tasks' hidden tests, the store, the other episodes), and
-has no network but the gateway: its own network namespace, with the gateway reached through the
-Unix-socket bridge (bridge.py) on 127.0.0.1:PORT inside. `none` runs the harness as it is, in its
-workspace copy, with the fresh HOME in its environment only; it reaches whatever the host reaches.
+HOME) writable, and has no network but the gateway: its own network namespace, with the gateway reached
+through the Unix-socket bridge (bridge.py) on 127.0.0.1:PORT inside. `none` runs the harness as it is, in
+its workspace copy, with the fresh HOME in its environment only; it reaches whatever the host reaches.
+
+bwrap builds the harness's file system from an allow-list: the system folders read-only, the Python that
+runs the bridge, the harness's own install (found from its command and PATH), `--ro-bind` extras, the
+workspace and HOME, a private /tmp. Nothing else of the host is there: not the store, not other episodes,
+not /root, /run or the host's Unix sockets. Started by root, the sandbox runs the harness as a host user of
+its own (`episode_uid`: no capabilities, no setuid, its bounding set empty), so nothing it does inside can
+undo a mount, and files are read with that user's rights. See docs/rollout.md, "Threat model".
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -38,6 +46,38 @@ C_WORKSPACE, C_HOME, C_SOCKET_DIR, C_BRIDGE = (
 )
 
 
+# the host folders every bwrap sandbox sees, read-only (a symlink among them, as with a merged /usr, is made
+# again as a symlink)
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+# when rollout runs as root, each episode's harness runs as a host user of its own: a uid in a block of
+# EPISODE_UIDS ids picked at random per process above EPISODE_UID_BASE (above the usual subuid ranges)
+EPISODE_UID_BASE = 400_000
+EPISODE_UIDS = 1_000
+_uid_block = EPISODE_UID_BASE + secrets.randbelow(100_000) * EPISODE_UIDS
+_uid_next = itertools.count()
+_uid_lock = threading.Lock()
+
+
+def episode_uid() -> int | None:
+    """The host uid an episode's sandbox runs its harness as: a fresh one per episode when this process is
+    root (bwrap started by root keeps every capability otherwise), None when it is not (the sandbox then
+    runs as this user, in a user namespace without capabilities)."""
+    if os.geteuid() != 0:
+        return None
+    with _uid_lock:
+        return _uid_block + next(_uid_next) % EPISODE_UIDS
+
+
+def give_to(path: Path, uid: int | None) -> None:
+    """Make `path` (a tree) the episode user's: owner and group `uid`. Links are changed, not followed."""
+    if uid is None:
+        return
+    os.chown(path, uid, uid, follow_symlinks=False)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
 class SandboxError(UsageError):
     """An isolation that cannot be used here (engine missing, probe failed)."""
 
@@ -48,10 +88,12 @@ class SandboxSpec:
 
     workspace: Path
     home: Path
-    socket_dir: Path  # holds SOCKET_NAME, the host end of the bridge
-    gateway_port: int  # the port the harness dials on 127.0.0.1 inside (the gateway's own port)
+    socket_dir: Path | None  # holds SOCKET_NAME, the host end of the bridge; None: no gateway (setup, verify)
+    gateway_port: int = 0  # the port the harness dials on 127.0.0.1 inside (the gateway's own port)
     hidden: list[Path] = field(default_factory=list)  # existing paths the harness must not see
     image: str | None = None  # docker / apptainer
+    uid: int | None = None  # the host user the harness runs as (episode_uid); None: this process's
+    ro_binds: list[Path] = field(default_factory=list)  # `--ro-bind PATH`: more of the host, read-only
 
 
 class Runner:
@@ -78,22 +120,24 @@ def _bridge_argv(python: str, bridge_path: str, socket_path: str, port: int, com
 
 
 class BwrapRunner(Runner):
-    """bubblewrap: the host's root read-only, private /tmp, /dev and /proc, every namespace unshared (network
-    included), the workspace and HOME bound writable at their own paths, hidden paths covered."""
+    """bubblewrap: a new root built from an allow-list (`allowed_paths`), private /tmp, /dev and /proc, every
+    namespace but the user's unshared (network included), the workspace and HOME bound writable at their
+    own paths. Started by root it keeps only what `setpriv` needs to become the episode's user (then none);
+    started by another user it runs in a user namespace without capabilities."""
 
     name = "bwrap"
     bridged = True
 
     def __init__(self, binary: str = "bwrap", python: str | None = None) -> None:
         self.binary = binary
-        import sys
-
         self.python = python or sys.executable
 
     def probe(self) -> str | None:
         path = shutil.which(self.binary)
         if path is None:
             return "bwrap is not installed (Debian/Ubuntu: apt-get install -y bubblewrap)"
+        if os.geteuid() == 0 and shutil.which("setpriv") is None:
+            return "setpriv is not installed (Debian/Ubuntu: apt-get install -y util-linux)"
         try:
             r = subprocess.run(
                 [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "true"],
@@ -107,35 +151,150 @@ class BwrapRunner(Runner):
         return None
 
     def argv(self, command: list[str], spec: SandboxSpec, env: dict[str, str]) -> list[str]:
-        args = [self.binary, "--unshare-all", "--die-with-parent", "--new-session"]
-        args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        for path in _under_tmp([self.python, str(BRIDGE_PATH), *command]):
-            args += ["--ro-bind", str(path), str(path)]  # the private /tmp must not hide what runs
-        for path in spec.hidden:
+        args = [self.binary, "--die-with-parent", "--new-session"]
+        args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        if spec.uid is None:
+            args += ["--unshare-user", "--cap-drop", "ALL"]
+        else:  # root: setpriv below needs these three, and drops them with everything else
+            args += ["--cap-drop", "ALL"]
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        for path in SYSTEM_PATHS:
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                args += ["--ro-bind", path, path]
+        args += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+        args += ["--perms", "1777", "--tmpfs", "/var/tmp"]
+        binds: list[Path] = []
+        made: set[Path] = {Path("/tmp"), Path("/var/tmp")}
+        for path in allowed_paths(self.python, command, env, spec):
+            args += [*_parents(path, binds, made), "--ro-bind", str(path), str(path)]
+            binds.append(path)
+        for (
+            path
+        ) in spec.hidden:  # a hidden path inside what was bound stays hidden (elsewhere it is not there)
+            if not any(path == b or b in path.parents for b in binds):
+                continue
             if path.is_dir():
                 args += ["--tmpfs", str(path)]
             elif path.exists():
                 args += ["--ro-bind", "/dev/null", str(path)]
-        for path in (spec.workspace, spec.home, spec.socket_dir):
-            args += ["--bind", str(path), str(path)]
+        for path in (spec.workspace, spec.home):
+            args += [*_parents(path, binds, made), "--bind", str(path), str(path)]
+            binds.append(path)
+        if spec.uid is not None:  # the episode's user has a name (node's os.userInfo(), ssh, git need one)
+            passwd, group = _identity_files(spec.uid, spec.home)
+            args += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
+        if spec.socket_dir is not None:
+            args += _parents(spec.socket_dir, binds, made)
+            args += ["--ro-bind", str(spec.socket_dir), str(spec.socket_dir)]
         args += ["--chdir", str(spec.workspace), "--"]
+        if spec.uid is not None:
+            args += ["setpriv", "--reuid", str(spec.uid), "--regid", str(spec.uid), "--clear-groups"]
+            args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        if spec.socket_dir is None:
+            return args + list(command)
         socket_path = str(spec.socket_dir / SOCKET_NAME)
         return args + _bridge_argv(self.python, str(BRIDGE_PATH), socket_path, spec.gateway_port, command)
 
 
-def _under_tmp(paths: list[str]) -> list[Path]:
-    """What the sandboxed command needs that lives under /tmp (a checkout or venv there): the interpreter's
-    prefixes, polarproxy's package root, and the command's own file arguments, outermost first."""
-    import polarproxy
+_SYSTEM = tuple(Path(p) for p in SYSTEM_PATHS)
 
-    wanted = [Path(sys.prefix), Path(sys.base_prefix), Path(polarproxy.__file__).resolve().parent.parent]
-    wanted += [Path(p) for p in paths if p.startswith("/") and Path(p).exists()]
-    tmp = Path("/tmp")
-    found: list[Path] = []
-    for path in sorted({p.resolve() if p.exists() else p for p in wanted}, key=lambda p: len(p.parts)):
-        if tmp in path.parents and not any(f in path.parents or f == path for f in found):
-            found.append(path)
+
+AGENT_NAME = "agent"  # the episode user's name in its sandbox
+
+
+def _identity_files(uid: int, home: Path) -> tuple[Path, Path]:
+    """/etc/passwd and /etc/group for a sandbox: the host's entries and the episode's user (`agent`, its
+    HOME), written beside that HOME."""
+    passwd, group = home.parent / f".passwd-{uid}", home.parent / f".group-{uid}"
+    host_passwd = Path("/etc/passwd").read_text() if Path("/etc/passwd").is_file() else ""
+    host_group = Path("/etc/group").read_text() if Path("/etc/group").is_file() else ""
+    passwd.write_text(host_passwd.rstrip("\n") + f"\n{AGENT_NAME}:x:{uid}:{uid}:agent:{home}:/bin/sh\n")
+    group.write_text(host_group.rstrip("\n") + f"\n{AGENT_NAME}:x:{uid}:\n")
+    return passwd, group
+
+
+def _parents(path: Path, binds: list[Path], made: set[Path]) -> list[str]:
+    """`--dir` for each folder above `path` that the sandbox's root does not have yet, made traversable
+    (0755): bwrap makes them 0700 when root starts it, which the episode's user could not pass. A folder
+    that is bound, or inside what is bound, is there already."""
+    args: list[str] = []
+    for parent in reversed(path.parents):
+        if parent == Path("/") or parent in made:
+            continue
+        if any(parent == b or b in parent.parents for b in (*_SYSTEM, *binds)):
+            continue
+        args += ["--perms", "0755", "--dir", str(parent)]
+        made.add(parent)
+    return args
+
+
+def _covered(path: Path, chosen: list[Path]) -> bool:
+    return any(path == c or c in path.parents for c in (*_SYSTEM, *chosen))
+
+
+def _venv(path: Path) -> list[Path]:
+    """A virtual environment holding `path` (its root and the Python it was made from), or []."""
+    for root in (path.parent, path.parent.parent):
+        cfg = root / "pyvenv.cfg"
+        if cfg.is_file():
+            found = [root]
+            for line in cfg.read_text(errors="replace").splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "home" and value.strip():
+                    found.append(Path(value.strip()).resolve().parent)
+            return found
+    return []
+
+
+def _install_root(path: Path) -> list[Path]:
+    """What an executable needs of the host: its node_modules tree, its virtual environment, or itself."""
+    found = [path]
+    real = path.resolve()
+    for p in (path, real):
+        parts = p.parts
+        if "node_modules" in parts:
+            found.append(Path(*parts[: parts.index("node_modules") + 1]))
+        found += _venv(p)
+    if real != path:
+        found.append(real)
     return found
+
+
+def allowed_paths(python: str, command: list[str], env: dict[str, str], spec: SandboxSpec) -> list[Path]:
+    """The host paths a sandbox binds read-only besides the system folders: the bridge and the Python that
+    runs it, the harness's install (its command found on PATH, the command's absolute file arguments, the
+    PATH folders and the trees they link into), and `--ro-bind` extras. The home folder of the user who
+    started rollout and "/" are never bound whole."""
+    wanted: list[Path] = [Path(sys.prefix), Path(sys.base_prefix).resolve()]
+    if spec.socket_dir is not None:
+        wanted.append(BRIDGE_PATH)
+    wanted += _install_root(Path(python))
+    search = env.get("PATH", os.defpath)
+    for entry in search.split(os.pathsep):
+        if entry.startswith("/") and os.path.isdir(entry):
+            folder = Path(entry)
+            wanted.append(folder)
+            wanted += _venv(folder / "python")
+            if folder.name == ".bin" and folder.parent.name == "node_modules":
+                wanted.append(folder.parent)
+            if folder.name == "shims":  # pyenv's (and its plugins'): the shims run its libexec/pyenv
+                wanted += [p for p in folder.parents if (p / "libexec").is_dir()][:1]
+    if command:
+        found = shutil.which(command[0], path=search) if "/" not in command[0] else command[0]
+        if found and os.path.isabs(found):
+            wanted += _install_root(Path(found))
+    wanted += [Path(a) for a in command[1:] if a.startswith("/") and os.path.exists(a)]
+    wanted += spec.ro_binds
+    home = Path(os.path.expanduser("~")).resolve()
+    never = {Path("/"), home, *home.parents}
+    chosen: list[Path] = []
+    for path in sorted({Path(os.path.abspath(p)) for p in wanted}, key=lambda p: (len(p.parts), str(p))):
+        if path in never or not path.exists() or _covered(path, chosen):
+            continue
+        chosen.append(path)
+    return chosen
 
 
 def _translate(value: str, spec: SandboxSpec) -> str:
@@ -176,12 +335,18 @@ class DockerRunner(Runner):
                 "--isolation docker needs an image.", hint="Pass --image IMAGE (with python3 in it)."
             )
         args = [self.binary, "run", "--rm", "-i", "--init", "--network", "none"]
-        args += ["--user", f"{os.getuid()}:{os.getgid()}", "--workdir", C_WORKSPACE]
+        args += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        user = spec.uid if spec.uid is not None else os.getuid()
+        args += ["--user", f"{user}:{spec.uid if spec.uid is not None else os.getgid()}"]
+        args += ["--workdir", C_WORKSPACE]
         args += ["-v", f"{spec.workspace}:{C_WORKSPACE}", "-v", f"{spec.home}:{C_HOME}"]
-        args += ["-v", f"{spec.socket_dir}:{C_SOCKET_DIR}", "-v", f"{BRIDGE_PATH}:{C_BRIDGE}:ro"]
+        if spec.socket_dir is not None:
+            args += ["-v", f"{spec.socket_dir}:{C_SOCKET_DIR}:ro", "-v", f"{BRIDGE_PATH}:{C_BRIDGE}:ro"]
         for name in sorted(env):  # values come from the client's environment: never on the command line
             args += ["-e", name]
         args.append(spec.image)
+        if spec.socket_dir is None:
+            return args + list(command)
         return args + _bridge_argv(
             "python3", C_BRIDGE, f"{C_SOCKET_DIR}/{SOCKET_NAME}", spec.gateway_port, command
         )
@@ -214,9 +379,12 @@ class ApptainerRunner(Runner):
                 "--isolation apptainer needs an image.", hint="Pass --image IMAGE.sif (with python3 in it)."
             )
         args = [self.binary, "exec", "--containall", "--cleanenv", "--net", "--network", "none"]
-        args += ["--home", f"{spec.home}:{C_HOME}", "--pwd", C_WORKSPACE]
-        args += ["--bind", f"{spec.workspace}:{C_WORKSPACE}", "--bind", f"{spec.socket_dir}:{C_SOCKET_DIR}"]
-        args += ["--bind", f"{BRIDGE_PATH}:{C_BRIDGE}:ro", spec.image]
+        args += ["--no-privs", "--home", f"{spec.home}:{C_HOME}", "--pwd", C_WORKSPACE]
+        args += ["--bind", f"{spec.workspace}:{C_WORKSPACE}"]
+        if spec.socket_dir is None:
+            return [*args, spec.image, *command]
+        args += ["--bind", f"{spec.socket_dir}:{C_SOCKET_DIR}:ro", "--bind", f"{BRIDGE_PATH}:{C_BRIDGE}:ro"]
+        args.append(spec.image)
         return args + _bridge_argv(
             "python3", C_BRIDGE, f"{C_SOCKET_DIR}/{SOCKET_NAME}", spec.gateway_port, command
         )
@@ -236,10 +404,18 @@ RUNNERS: dict[str, type[Runner]] = {
 
 
 def get_runner(name: str | None) -> Runner:
-    """The runner named `name`, probed; None: bwrap where it works, else none. Raises SandboxError."""
+    """The runner named `name`, probed; None: bwrap, or SandboxError saying why it does not work here (never a
+    silent fall back to none). Raises SandboxError."""
     if name is None:
         runner = BwrapRunner()
-        return runner if runner.probe() is None else Runner()
+        why = runner.probe()
+        if why is not None:
+            raise SandboxError(
+                f"No sandbox for the episodes: {why}.",
+                hint="Install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap), or pass "
+                "--isolation none to run the agents unsandboxed on purpose (they then reach the host).",
+            )
+        return runner
     if name not in RUNNERS:
         raise SandboxError(f"Unknown isolation {name!r}.", hint=f"Choose one of: {', '.join(ISOLATIONS)}.")
     runner = RUNNERS[name]()

@@ -1,9 +1,15 @@
 """The four stages of one rollout episode, each run by its own worker pool (run.py):
 
-- prewarm: a fresh copy of the task's workspace, a fresh HOME, the task's `setup` commands in the copy;
+- prewarm: a fresh copy of the task's workspace, a fresh HOME, the task's `setup` commands in the copy, in
+  the sandbox (no gateway);
 - execute: the episode created at the gateway, the harness run in the sandbox against it;
-- evaluate: a fresh copy of the workspace as the harness left it, the hidden tests as `tests/`, `verify`;
+- evaluate: a fresh copy of the workspace as the harness left it (copying.py: regular files and links
+  inside it only, size-capped), the hidden tests as `tests/`, `verify` in a fresh sandbox of its own;
 - reconstruct: the episode's calls rebuilt into trajectories (prefix-merge), counted.
+
+What reaches the harness, setup and verify commands of the host's environment is an allow-list
+(`PASSED_ENV`, plus `--pass-env NAME`); each episode's sandbox runs as a host user of its own when rollout
+runs as root (sandbox.py: `episode_uid`).
 
 Each stage raises StageError to fail the episode, and returns early when the episode has been stopped.
 """
@@ -22,23 +28,17 @@ from typing import Any
 from polarproxy.client import EpisodeHandle
 from polarproxy.harness.env import harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
+from polarproxy.rollout.copying import WorkspaceTooLarge, copy_workspace
 from polarproxy.rollout.episodes import Episodes, LocalGateway
-from polarproxy.rollout.sandbox import ProcessResult, Runner, SandboxSpec, run_process
+from polarproxy.rollout.sandbox import ProcessResult, Runner, SandboxSpec, episode_uid, give_to, run_process
 from polarproxy.rollout.tasks import Task
 
 STAGES = ("prewarm", "execute", "evaluate", "reconstruct")
 EXIT_TIMEOUT = 124  # the episode's exit code when the harness ran past its limit (as timeout(1) says)
 EXIT_STOPPED = 130  # ... when it was stopped (the group was accepted without it, or Ctrl-C)
-# not passed to the harness: they would route it around the gateway, or name the host's store
-_DROP_ENV = (
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "all_proxy",
-    "POLARPROXY_DB",
-)
+# the host variables the harness, setup and verify commands get (with LC_*); anything else only by
+# `--pass-env NAME`: a host's tokens and keys never reach an agent by accident
+PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
 
 
 class StageError(Exception):
@@ -62,6 +62,7 @@ class Job:
     trajectories: int | None = None
     evaluated: bool = False  # the verifier ran and its reward was stored
     episode_ended: bool = False
+    uid: int | None = None  # the host user its sandbox runs as (sandbox.episode_uid)
     queued: dict[str, float] = field(default_factory=dict)  # stage -> when it was queued
     started: dict[str, float] = field(default_factory=dict)
     ended: dict[str, float] = field(default_factory=dict)
@@ -100,6 +101,9 @@ class Settings:
     execute_timeout_s: float = 1800.0  # a task's timeout_s overrides it
     verify_timeout_s: float = 600.0
     keep: bool = False  # keep each episode's folder (workspace, home, logs)
+    pass_env: list[str] = field(default_factory=list)  # `--pass-env NAME`: host variables passed on purpose
+    ro_binds: list[Path] = field(default_factory=list)  # `--ro-bind PATH`: more of the host, read-only
+    max_workspace_bytes: int | None = None  # the evaluate copy's cap (apparent sizes)
     metadata: dict[str, str] = field(default_factory=dict)  # stored with every episode (a Ray node's ID)
 
 
@@ -120,12 +124,16 @@ def prewarm(job: Job, s: Settings) -> None:
     job.dir.mkdir(parents=True)
     shutil.copytree(job.task.workspace, job.workspace, symlinks=True)
     (job.home / "tmp").mkdir(parents=True)
-    env = _base_env(job)
+    job.uid = episode_uid()
+    give_to(job.workspace, job.uid)
+    give_to(job.home, job.uid)
+    env = base_env(job.home, s)
+    spec = _spec(job.workspace, job.home, s, job.uid)
     for i, command in enumerate(job.task.setup):
         result = run_process(
-            ["/bin/sh", "-c", command],
-            cwd=job.workspace,
-            env=env,
+            s.runner.argv(["/bin/sh", "-c", command], spec, env),
+            cwd=s.runner.cwd(spec),
+            env=s.runner.env(env, spec),
             timeout_s=s.setup_timeout_s,
             cancel=job.cancel,
             log=job.dir / f"setup-{i}.log",
@@ -136,9 +144,31 @@ def prewarm(job: Job, s: Settings) -> None:
             raise _fail_process(f"setup command {i} ({command!r})", result, s.setup_timeout_s)
 
 
-def _base_env(job: Job) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
-    env.update({"HOME": str(job.home), "TMPDIR": str(job.home / "tmp")})
+def _spec(workspace: Path, home: Path, s: Settings, uid: int | None, *, gateway: bool = False) -> SandboxSpec:
+    """A sandbox over `workspace` and `home`; with `gateway`, the bridge to the episode's gateway."""
+    return SandboxSpec(
+        workspace=workspace,
+        home=home,
+        socket_dir=s.socket_dir if gateway else None,
+        gateway_port=s.episodes.port if gateway else 0,
+        hidden=s.hidden,
+        image=s.image,
+        uid=uid,
+        ro_binds=s.ro_binds,
+    )
+
+
+def passed_env_names(s: Settings) -> list[str]:
+    """The names of the host variables that reach the agents (the allow-list, as this host has them)."""
+    passed = set(PASSED_ENV) | set(s.pass_env)
+    return sorted(k for k in os.environ if k in passed or k.startswith("LC_"))
+
+
+def base_env(home: Path, s: Settings) -> dict[str, str]:
+    """The host variables allowed through (`PASSED_ENV`, LC_*, `--pass-env`), with a fresh HOME and TMPDIR."""
+    passed = set(PASSED_ENV) | set(s.pass_env)
+    env = {k: v for k, v in os.environ.items() if k in passed or k.startswith("LC_")}
+    env.update({"HOME": str(home), "TMPDIR": str(home / "tmp")})
     return env
 
 
@@ -155,7 +185,7 @@ def harness_command(s: Settings, instruction: str) -> list[str]:
 
 def episode_env(job: Job, s: Settings, handle: EpisodeHandle) -> dict[str, str]:
     """The harness's environment: every provider SDK pointed at this episode, keyed with its api_key."""
-    env = harness_env(_base_env(job), handle.base_urls, handle.api_key, handle.episode_id)
+    env = harness_env(base_env(job.home, s), handle.base_urls, handle.api_key, handle.episode_id)
     env["POLARPROXY_INSTRUCTION"] = job.task.instruction
     if s.preset is not None:
         rendered = s.preset.render(
@@ -177,14 +207,8 @@ def execute(job: Job, s: Settings) -> None:
     )
     job.episode = handle
     env = episode_env(job, s, handle)
-    spec = SandboxSpec(
-        workspace=job.workspace,
-        home=job.home,
-        socket_dir=s.socket_dir,
-        gateway_port=s.episodes.port,
-        hidden=s.hidden,
-        image=s.image,
-    )
+    give_to(job.home, job.uid)  # the preset's config files are the episode user's too
+    spec = _spec(job.workspace, job.home, s, job.uid, gateway=True)
     limit = job.task.timeout_s or s.execute_timeout_s
     try:
         result = run_process(
@@ -205,29 +229,48 @@ def execute(job: Job, s: Settings) -> None:
 
 def evaluate(job: Job, s: Settings) -> None:
     assert job.episode is not None
-    fresh = job.dir / "evaluate"
-    if fresh.exists():
-        shutil.rmtree(fresh)
-    shutil.copytree(job.workspace, fresh, symlinks=True)
+    fresh, home = job.dir / "evaluate", job.dir / "evaluate-home"
+    for path in (fresh, home):
+        if path.exists():
+            shutil.rmtree(path)
+    try:
+        copied = copy_workspace(job.workspace, fresh, max_bytes=s.max_workspace_bytes)
+    except (WorkspaceTooLarge, OSError) as e:  # the agent's doing: reward 0, in its group
+        result = VerifierResult(reward=0.0, note=f"workspace not graded: {e}; reward 0.0")
+        job.reward, job.reward_note, job.evaluated = 0.0, result.note, True
+        end_episode(job, s, result)
+        return
     if job.task.tests is not None:
         if (fresh / "tests").is_symlink() or (fresh / "tests").is_file():
             (fresh / "tests").unlink()
         elif (fresh / "tests").exists():
             shutil.rmtree(fresh / "tests")
         shutil.copytree(job.task.tests, fresh / "tests", symlinks=True)
+    (home / "tmp").mkdir(parents=True)
+    uid = episode_uid()  # a user of its own: nothing the agent left running shares it
+    give_to(fresh, uid)
+    give_to(home, uid)
     verifier = Verifier(job.task.verify, s.reward_from, s.verify_timeout_s)  # type: ignore[arg-type]
-    env = _base_env(job)
+    env = base_env(home, s)
     env["POLARPROXY_TASK"] = job.task.id
+    spec = _spec(fresh, home, s, uid)
     try:
         result: VerifierResult = run_verifier(
             verifier,
-            cwd=fresh,
+            cwd=s.runner.cwd(spec),
             env=env,
             episode_id=job.episode.episode_id,
             harness_exit_code=job.exit_code if job.exit_code is not None else 124,
+            wrap=lambda argv, child_env: (
+                s.runner.argv(argv, spec, child_env),
+                s.runner.env(child_env, spec),
+            ),
         )
     except OSError as e:
         raise StageError(f"cannot run the verify command: {e.strerror or e}") from e
+    if copied.skipped:
+        skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(copied.skipped.items()))
+        result.note = f"{result.note}; not copied for grading: {skipped}"
     job.reward, job.reward_note = result.reward, result.note
     job.evaluated = True
     end_episode(job, s, result)

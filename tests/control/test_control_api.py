@@ -105,21 +105,19 @@ def test_with_a_control_token_calls_need_a_live_episodes_key_and_refusals_write_
         assert [e["id"] for e in listed.json()["episodes"]] == [eid]
         assert listed.json()["episodes"][0]["calls"] == 4
 
-        # its own key sets its reward; another's does not
-        assert (
-            h.post(
-                f"/polarproxy/v1/episodes/{eid}/reward",
-                json={"reward": 0.5},
-                headers={"authorization": f"Bearer {key}"},
-            ).status_code
-            == 200
-        )
+        # an episode key makes model calls only: neither its own key nor another's sets a reward or an end
+        own = {"authorization": f"Bearer {key}"}
+        forged = h.post(f"/polarproxy/v1/episodes/{eid}/reward", json={"reward": 1.0}, headers=own)
+        assert forged.status_code == 403 and "control token" in forged.json()["error"]
+        ended = h.post(f"/polarproxy/v1/episodes/{eid}/finish", json={"exit_code": 0}, headers=own)
+        assert ended.status_code == 403
         other = h.post("/polarproxy/v1/episodes", json={}, headers=ctl).json()
         foreign = {"authorization": f"Bearer {other['api_key']}"}
         assert (
             h.post(f"/polarproxy/v1/episodes/{eid}/reward", json={"reward": 1.0}, headers=foreign).status_code
-            == 401
+            == 403
         )
+        assert h.get("/polarproxy/v1/trajectories", headers=own).status_code == 403
 
         fin = h.post(
             f"/polarproxy/v1/episodes/{eid}/finish", json={"exit_code": 0, "reward": 1.0}, headers=ctl
@@ -132,6 +130,8 @@ def test_with_a_control_token_calls_need_a_live_episodes_key_and_refusals_write_
         assert late.status_code == 409 and late.json()["error"]["code"] == "episode_finished"
         late_anthropic = h.post("/v1/messages", json=MESSAGES, headers={"x-api-key": key})
         assert late_anthropic.status_code == 409 and late_anthropic.json()["type"] == "error"
+        late_reward = h.post(f"/polarproxy/v1/episodes/{eid}/reward", json={"reward": 1.0}, headers=own)
+        assert late_reward.status_code == 409  # a finished episode's key is refused on every route
         assert counts(db) == before
 
     with Store.open(db) as store:

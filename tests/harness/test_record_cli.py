@@ -26,6 +26,25 @@ def record(stub_url, model, db, *cmd, **kw):
     )
 
 
+def test_the_harness_never_gets_polarproxys_own_secrets(make_stub, tiny_model_dir, tmp_path):
+    """The user's environment passes (intercept mode needs the real provider key), but not the store's URL
+    with its password, nor the control and sync keys."""
+    stub = make_stub()
+    script = "import json, os; print(json.dumps(sorted(os.environ)))"
+    secrets = {
+        "POLARPROXY_CONTROL_TOKEN": "ctl-secret",
+        "POLARPROXY_SYNC_API_KEY": "sync-secret",
+        "MY_OWN_VARIABLE": "kept",
+    }
+    db = tmp_path / "r.db"
+    env = {**os.environ, **secrets, "POLARPROXY_DB": str(db)}
+    r = record(stub.url, tiny_model_dir, db, sys.executable, "-c", script, env=env)
+    assert r.returncode == 0, r.stderr
+    names = set(json.loads(r.stdout.splitlines()[0]))
+    assert "MY_OWN_VARIABLE" in names
+    assert not names & {"POLARPROXY_DB", "POLARPROXY_CONTROL_TOKEN", "POLARPROXY_SYNC_API_KEY"}
+
+
 def test_child_gets_the_proxy_environment_and_its_exit_code_is_returned(make_stub, tiny_model_dir, tmp_path):
     stub = make_stub()
     script = (

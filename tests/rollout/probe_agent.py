@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -52,6 +53,21 @@ def main() -> int:
         "wrote_workspace": can_write("inside.txt"),
         "reached": {p: can_connect(int(p)) for p in os.environ["PROBE_PORTS"].split(",")},
         "reached_gateway": can_connect(gateway_port),
+        # as an attacker run as root would try: undo the mounts, read the host's secrets and the store
+        "uid": os.getuid(),
+        "cap_eff": next(
+            (
+                ln.split()[1]
+                for ln in Path("/proc/self/status").read_text().splitlines()
+                if ln.startswith("CapEff")
+            ),
+            None,
+        ),
+        "remount_rw": subprocess.run(["mount", "-o", "remount,rw", "/"], capture_output=True).returncode == 0,
+        "umount_tmp": subprocess.run(["umount", "/tmp"], capture_output=True).returncode == 0,
+        "read_shadow": can_read("/etc/shadow") is not None,
+        "env_names": sorted(os.environ),
+        "seen": {p: os.path.exists(p) for p in os.environ.get("PROBE_ABSENT", "").split(os.pathsep) if p},
     }
     r = httpx.post(
         base + "/chat/completions",
@@ -60,6 +76,14 @@ def main() -> int:
         timeout=60,
     )
     found["model_status"] = r.status_code
+    episode = os.environ["POLARPROXY_EPISODE"]
+    forged = httpx.post(  # its own key sets its own reward: refused (the verifier's alone counts)
+        f"{os.environ['POLARPROXY_URL']}/polarproxy/v1/episodes/{episode}/reward",
+        json={"reward": 1.0},
+        headers={"authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
+        timeout=60,
+    )
+    found["self_reward_status"] = forged.status_code
     if r.status_code == 200:
         Path("answer.txt").write_text(r.json()["choices"][0]["message"]["content"] + "\n")
     Path("probe.json").write_text(json.dumps(found, indent=1))

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rollout_support import EXAMPLE, rollout_argv
+from rollout_support import EXAMPLE, bwrap_or_skip, rollout_argv
 
 from polarproxy.store.store import Store
 
@@ -38,10 +38,16 @@ SCRIPT = {
 }
 
 
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
 def test_rollout_runs_the_real_qwen_code_cli_per_episode_and_scores_its_work(
-    make_backend, tiny_model_dir: Path, tmp_path: Path
+    make_backend, tiny_model_dir: Path, tmp_path: Path, isolation: str
 ) -> None:
+    """Under bwrap (as root in CI: the episode's own host user, the allow-listed file system) the node CLI
+    still finds its install and runs its tools."""
     import subprocess
+
+    if isolation == "bwrap":
+        bwrap_or_skip()
 
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SCRIPT))
@@ -51,7 +57,7 @@ def test_rollout_runs_the_real_qwen_code_cli_per_episode_and_scores_its_work(
         str(EXAMPLE / "tasks.jsonl"),
         *("--harness", "qwen", "--samples", "1", "--concurrency", "2"),
         *("--backend", url, "--model", str(tiny_model_dir), "--db", str(db)),
-        *("--isolation", "none", "--json"),
+        *("--isolation", isolation, "--json"),
     )
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "NO_COLOR": "1"}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)

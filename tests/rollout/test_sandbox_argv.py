@@ -42,9 +42,10 @@ def test_docker_line_has_no_network_mounts_the_bridge_and_passes_env_by_name(tmp
     argv = DockerRunner().argv(["agent", "--go"], spec, env)
     line = " ".join(argv)
     assert argv[:3] == ["docker", "run", "--rm"] and "--network none" in line
+    assert "--cap-drop ALL" in line and "--security-opt no-new-privileges" in line
     assert f"-v {spec.workspace}:/workspace" in line and f"-v {spec.home}:/home/agent" in line
     assert (
-        f"-v {spec.socket_dir}:/run/polarproxy" in line
+        f"-v {spec.socket_dir}:/run/polarproxy:ro" in line
         and f"-v {BRIDGE_PATH}:/opt/polarproxy/bridge.py:ro" in line
     )
     assert "sk-secret" not in line  # values travel in the client's environment, not on the command line
@@ -63,6 +64,7 @@ def test_apptainer_line_contains_everything_and_passes_env_as_apptainerenv(tmp_p
     argv = ApptainerRunner().argv(["agent"], spec, {})
     line = " ".join(argv)
     assert argv[:3] == ["apptainer", "exec", "--containall"] and "--net --network none" in line
+    assert "--no-privs" in argv
     assert f"--home {spec.home}:/home/agent" in line and f"--bind {spec.workspace}:/workspace" in line
     assert "--pwd /workspace" in line and argv[argv.index("agent.sif") + 1] == "python3"
     inner = ApptainerRunner().env({"OPENAI_BASE_URL": "http://127.0.0.1:8123/v1", "HOME": "x"}, spec)
@@ -76,17 +78,46 @@ def test_container_runners_need_an_image(tmp_path: Path) -> None:
             runner.argv(["agent"], _spec(tmp_path), {})
 
 
-def test_bwrap_line_unshares_the_network_hides_paths_and_binds_only_workspace_home_socket(
+def test_bwrap_line_builds_the_root_from_an_allow_list_and_binds_only_workspace_and_home_writable(
     tmp_path: Path,
 ) -> None:
     spec = _spec(tmp_path)
-    argv = BwrapRunner(python="/usr/bin/python3").argv(["agent"], spec, {})
+    argv = BwrapRunner(python="/usr/bin/python3").argv(["agent"], spec, {"PATH": "/usr/bin"})
     line = " ".join(argv)
-    assert "--unshare-all" in argv and "--die-with-parent" in argv and "--ro-bind / /" in line
-    assert f"--tmpfs {tmp_path / 'hidden'}" in line and f"--ro-bind /dev/null {tmp_path / 'store.db'}" in line
+    assert "--unshare-net" in argv and "--die-with-parent" in argv and "--cap-drop ALL" in line
+    assert "--ro-bind / /" not in line  # nothing of the host but what is listed
+    assert str(tmp_path / "store.db") not in line and str(tmp_path / "hidden") not in line  # not there at all
     binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
-    assert binds == [str(spec.workspace), str(spec.home), str(spec.socket_dir)]
+    assert binds == [str(spec.workspace), str(spec.home)]  # the only writable host paths
+    ro = {argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"}
+    assert str(spec.socket_dir) in ro and str(BRIDGE_PATH) in ro and "/usr" in ro
+    home = os.path.expanduser("~")
+    assert home not in ro and "/" not in ro and "/run" not in ro and "/tmp" not in ro
     assert argv[argv.index("--") + 1 :][:3] == ["/usr/bin/python3", "-I", str(BRIDGE_PATH)]
+
+
+def test_a_hidden_path_inside_a_bound_folder_is_covered(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, ro_binds=[tmp_path])  # `--ro-bind` of a folder that holds the store
+    line = " ".join(BwrapRunner(python="/usr/bin/python3").argv(["agent"], spec, {}))
+    assert f"--ro-bind /dev/null {tmp_path / 'store.db'}" in line and f"--tmpfs {tmp_path / 'hidden'}" in line
+
+
+def test_bwrap_started_by_root_runs_the_harness_as_the_episodes_user_without_capabilities(
+    tmp_path: Path,
+) -> None:
+    argv = BwrapRunner(python="/usr/bin/python3").argv(["agent"], _spec(tmp_path, uid=400123), {})
+    after = argv[argv.index("--") + 1 :]
+    assert after[:6] == ["setpriv", "--reuid", "400123", "--regid", "400123", "--clear-groups"]
+    assert "--bounding-set=-all" in after and "--no-new-privs" in after and "--inh-caps=-all" in after
+    caps = [argv[i + 1] for i, a in enumerate(argv[: argv.index("--")]) if a in ("--cap-add", "--cap-drop")]
+    assert caps == ["ALL", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]  # only what setpriv needs, then none
+
+
+def test_setup_and_verify_sandboxes_have_no_bridge(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    spec.socket_dir = None
+    argv = BwrapRunner(python="/usr/bin/python3").argv(["/bin/sh", "-c", "make"], spec, {})
+    assert argv[argv.index("--") + 1 :] == ["/bin/sh", "-c", "make"] and str(BRIDGE_PATH) not in argv
 
 
 def _fake_engine(tmp_path: Path, rc: int) -> str:

@@ -26,15 +26,27 @@ def test_sandboxed_harness_reaches_only_the_gateway_and_its_workspace(
     threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
     hidden_test = EXAMPLE / "tasks" / "greet" / "tests" / "check_greeting.py"
     db, work, outside = tmp_path / "r.db", tmp_path / "work", REPO / ".cache" / f"outside-{os.getpid()}.txt"
+    home_secret = Path.home() / f".polarproxy-probe-secret-{os.getpid()}"  # the host user's own files
+    home_secret.write_text("host secret\n")
+    elsewhere = tmp_path / "elsewhere"  # beside the episodes' folder: another task's files
+    elsewhere.mkdir()
     outside.parent.mkdir(exist_ok=True)
     env = {
         **os.environ,
         "PROBE_HIDDEN": os.pathsep.join([str(hidden_test), str(db)]),
         "PROBE_OUTSIDE": str(outside),
         "PROBE_PORTS": f"{stub_backend.port},{listener.getsockname()[1]}",
+        "PROBE_ABSENT": os.pathsep.join(
+            [str(db), str(elsewhere), str(REPO / ".git"), "/run", str(home_secret)]
+        ),
+        "HF_TOKEN": "hf_host_secret",  # the host's secrets: never passed unless named with --pass-env
+        "AWS_SECRET_ACCESS_KEY": "aws_host_secret",
+        "POLARPROXY_CONTROL_TOKEN": "host-control-token",
     }
     args = [str(EXAMPLE / "tasks.jsonl"), "--backend", stub_backend.url, "--model", str(tiny_model_dir)]
     args += ["--db", str(db), "--isolation", "bwrap", "--workdir", str(work), "--json"]
+    args += ["--pass-env", "PROBE_HIDDEN", "--pass-env", "PROBE_OUTSIDE", "--pass-env", "PROBE_PORTS"]
+    args += ["--pass-env", "PROBE_ABSENT"]
     args += ["--", sys.executable, str(HERE / "probe_agent.py")]
     try:
         proc = subprocess.run(
@@ -53,9 +65,25 @@ def test_sandboxed_harness_reaches_only_the_gateway_and_its_workspace(
         assert probe["cwd"] == str(work / "greet" / "0" / "workspace")
         assert probe["home"] == str(work / "greet" / "0" / "home") and probe["home_entries"] == ["tmp"]
         assert probe["instruction"].startswith("Write a short greeting")
+        # the attacker's routes: none of them is there
+        assert not probe["remount_rw"] and not probe["umount_tmp"], probe
+        assert int(probe["cap_eff"], 16) == 0
+        assert not probe["read_shadow"]
+        assert probe["seen"] == {p: False for p in env["PROBE_ABSENT"].split(os.pathsep)}
+        assert not {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "POLARPROXY_CONTROL_TOKEN", "POLARPROXY_DB"} & set(
+            probe["env_names"]
+        )
+        assert {"PROBE_HIDDEN", "PATH", "HOME", "OPENAI_API_KEY"} <= set(probe["env_names"])
+        assert (
+            set(summary["env_passed"]) >= {"PATH", "PROBE_HIDDEN"} and "HF_TOKEN" not in summary["env_passed"]
+        )
+        assert probe["self_reward_status"] == 403
+        if os.geteuid() == 0:  # started by root (as CI runs it): a host user of its own, not root
+            assert probe["uid"] >= 400_000
         # the verifier saw the hidden tests and the harness's answer: greet is solved, shout is not
         assert summary["tasks"]["greet"]["rewards"] == [1.0]
         assert summary["tasks"]["shout"]["rewards"] == [0.0]
     finally:
         listener.close()
         outside.unlink(missing_ok=True)
+        home_secret.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from polarproxy.capture.intercept.ca import CA, default_bundle
+from polarproxy.harness.env import without_host_secrets
 
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
@@ -48,7 +49,7 @@ def write_bundles(base: Mapping[str, str], ca: CA, out: Path) -> tuple[Path, Pat
 
 
 def intercept_env(base: Mapping[str, str], proxy_url: str, bundle: Path, node_extra: Path) -> dict[str, str]:
-    env = dict(base)
+    env = without_host_secrets(base)
     env.update({name: proxy_url for name in PROXY_VARS})
     env.update({name: str(bundle) for name in BUNDLE_VARS})
     env["NODE_EXTRA_CA_CERTS"] = str(node_extra)

@@ -1,0 +1,95 @@
+"""The evaluate stage's copy of a workspace the agent left: regular files, folders and symlinks that stay
+inside the workspace, nothing else. FIFOs, sockets and devices are skipped and counted (a FIFO would hang the
+copy); a symlink that leads out of the workspace is skipped and counted, never followed (it would copy a
+host file, or the store, into what the verifier reads); the total is capped by apparent size, so a sparse
+file counts for what it claims to hold. Nothing is read through a link."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class WorkspaceTooLarge(Exception):
+    """The workspace holds more than the cap allows; the message names both."""
+
+
+@dataclass
+class CopyReport:
+    files: int = 0
+    bytes: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # kind -> count (fifo, socket, device, link-out)
+
+    def skip(self, kind: str) -> None:
+        self.skipped[kind] = self.skipped.get(kind, 0) + 1
+
+
+def _inside(root: Path, link: Path) -> bool:
+    """Whether the symlink `link` (under `root`) resolves to a path inside `root`, without reading through it
+    more than the resolution itself does."""
+    target = os.readlink(link)
+    resolved = Path(os.path.normpath(os.path.join(link.parent, target)))
+    try:
+        real = resolved.resolve(strict=False)
+    except (OSError, RuntimeError):  # a loop
+        return False
+    return real == root or root in real.parents
+
+
+def copy_workspace(src: Path, dst: Path, *, max_bytes: int | None) -> CopyReport:
+    """Copy `src` to `dst` (which must not exist) as described above. Raises WorkspaceTooLarge past
+    `max_bytes` (apparent sizes), OSError when a file cannot be read."""
+    root = src.resolve()
+    report = CopyReport()
+    dst.mkdir(parents=True)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        out = dst / here.relative_to(root)
+        for name in list(dirnames):
+            path = here / name
+            if path.is_symlink():  # os.walk lists a link to a folder among the folders: copy it as a link
+                dirnames.remove(name)
+                filenames.append(name)
+            else:
+                (out / name).mkdir()
+        for name in filenames:
+            path = here / name
+            st = os.lstat(path)
+            mode = st.st_mode
+            if stat.S_ISLNK(mode):
+                if _inside(root, path):
+                    os.symlink(os.readlink(path), out / name)
+                    report.files += 1
+                else:
+                    report.skip("link-out")
+                continue
+            if stat.S_ISFIFO(mode):
+                report.skip("fifo")
+                continue
+            if stat.S_ISSOCK(mode):
+                report.skip("socket")
+                continue
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                report.skip("device")
+                continue
+            if not stat.S_ISREG(mode):
+                report.skip("other")
+                continue
+            report.bytes += st.st_size
+            if max_bytes is not None and report.bytes > max_bytes:
+                raise WorkspaceTooLarge(
+                    f"the workspace holds more than {max_bytes} bytes (at {path.relative_to(root)}); "
+                    "raise --max-workspace-bytes, or the agent wrote too much"
+                )
+            with open(path, "rb", opener=_no_follow) as fsrc, open(out / name, "xb") as fdst:
+                shutil.copyfileobj(fsrc, fdst, 1 << 20)
+            os.chmod(out / name, stat.S_IMODE(mode))
+            report.files += 1
+    return report
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
