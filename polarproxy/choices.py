@@ -38,11 +38,13 @@ Estimator = Literal["none", "grpo", "rloo"]  # advantages
 ESTIMATORS: tuple[Estimator, ...] = get_args(Estimator)
 RewardScale = Literal["group", "batch", "none"]  # what GRPO divides rewards by
 REWARD_SCALES: tuple[RewardScale, ...] = get_args(RewardScale)
+StdEstimator = Literal["sample", "population"]  # GRPO's std: n - 1 (verl, slime, TRL) or n
+STD_ESTIMATORS: tuple[StdEstimator, ...] = get_args(StdEstimator)
 GroupsMode = Literal["any", "complete"]  # the trajectory stream: any finished episode, or whole groups only
 GROUPS_MODES: tuple[GroupsMode, ...] = get_args(GroupsMode)
 
 # --- training and weight sync ---------------------------------------------------------------------------
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "episode-token-mean"]
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "episode-token-mean", "dr-grpo"]
 LOSS_AGGS: tuple[LossAgg, ...] = get_args(LossAgg)
 ImportanceLevel = Literal["token", "sequence"]
 IMPORTANCE_LEVELS: tuple[ImportanceLevel, ...] = get_args(ImportanceLevel)

@@ -100,9 +100,11 @@ def _traj_params(
     groups: str | None,
     advantages: str | None,
     limit: int | None,
+    std_estimator: str | None = None,
 ) -> dict[str, Any]:
     params: dict[str, Any] = {"strategy": strategy, "wait": wait}
-    for k, v in (("cursor", cursor), ("groups", groups), ("advantages", advantages), ("limit", limit)):
+    given = {"cursor": cursor, "groups": groups, "advantages": advantages, "std_estimator": std_estimator}
+    for k, v in (*given.items(), ("limit", limit)):
         if v is not None:
             params[k] = v
     return params
@@ -178,9 +180,11 @@ class Client:
         groups: str | None = None,
         advantages: str | None = None,
         limit: int | None = None,
+        std_estimator: str | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
-        """One answer of the trajectory stream: (rows, the cursor to pass next)."""
-        params = _traj_params(strategy, cursor, wait, groups, advantages, limit)
+        """One answer of the trajectory stream: (rows, the cursor to pass next). `std_estimator`: GRPO's
+        std, sample (the gateway's default) or population."""
+        params = _traj_params(strategy, cursor, wait, groups, advantages, limit, std_estimator)
         data = _check(
             self._http.get("/polarproxy/v1/trajectories", params=params, timeout=self._timeout + wait)
         )
@@ -273,8 +277,9 @@ class AsyncClient:
         groups: str | None = None,
         advantages: str | None = None,
         limit: int | None = None,
+        std_estimator: str | None = None,
     ) -> tuple[list[dict[str, Any]], str]:
-        params = _traj_params(strategy, cursor, wait, groups, advantages, limit)
+        params = _traj_params(strategy, cursor, wait, groups, advantages, limit, std_estimator)
         data = _check(
             await self._http.get("/polarproxy/v1/trajectories", params=params, timeout=self._timeout + wait)
         )

@@ -111,6 +111,12 @@ async def test_groups_complete_waits_for_the_whole_group_and_carries_its_advanta
         assert adv.keys() == {a.episode_id, b.episode_id}
         assert adv[a.episode_id] > 0 > adv[b.episode_id]
         assert adv[a.episode_id] == pytest.approx(-adv[b.episode_id])
+        assert adv[a.episode_id] == pytest.approx(0.5 / (0.5**0.5 + 1e-6))  # the sample std of [1, 0]
+        population, _ = await pp.pull(
+            groups="complete", advantages="grpo", std_estimator="population", wait=0
+        )
+        by_pop = {r["episode_id"]: r["advantage"] for r in population}
+        assert by_pop[a.episode_id] == pytest.approx(0.999998)  # (r - mean) / (population std + 1e-6)
         assert {r["group_id"] for r in got} == {"g"}
         whole = await pp.pull(groups="complete", strategy="prefix-merge", wait=0)
         assert sorted(r["episode_id"] for r in whole[0]) == sorted(

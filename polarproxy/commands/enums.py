@@ -24,6 +24,7 @@ Strategy = choice_enum("Strategy", choices.STRATEGIES)
 Format = choice_enum("Format", choices.EXPORT_FORMATS)
 Advantages = choice_enum("Advantages", choices.ESTIMATORS)
 ScaleRewards = choice_enum("ScaleRewards", choices.REWARD_SCALES)
+StdEstimator = choice_enum("StdEstimator", choices.STD_ESTIMATORS)
 LossAgg = choice_enum("LossAgg", choices.LOSS_AGGS)
 ImportanceLevel = choice_enum("ImportanceLevel", choices.IMPORTANCE_LEVELS)
 Schedule = choice_enum("Schedule", choices.SCHEDULES)
@@ -45,6 +46,7 @@ SOURCES: dict[type[StrEnum], tuple[str, ...]] = {
     Format: choices.EXPORT_FORMATS,
     Advantages: choices.ESTIMATORS,
     ScaleRewards: choices.REWARD_SCALES,
+    StdEstimator: choices.STD_ESTIMATORS,
     LossAgg: choices.LOSS_AGGS,
     ImportanceLevel: choices.IMPORTANCE_LEVELS,
     Schedule: choices.SCHEDULES,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from polarproxy.commands.enums import Advantages, Format, ScaleRewards, Strategy
+from polarproxy.commands.enums import Advantages, Format, ScaleRewards, StdEstimator, Strategy
 from polarproxy.commands.support import (
     DbOpt,
     JsonOpt,
@@ -102,6 +102,13 @@ def export(
             "none (no division: Dr. GRPO)."
         ),
     ] = None,
+    std_estimator: Annotated[
+        StdEstimator,
+        typer.Option(
+            help="--advantages grpo: sample (n - 1, as verl, slime and TRL) or population (n) standard "
+            "deviation."
+        ),
+    ] = StdEstimator.sample,
     keep_zero_variance: Annotated[
         bool,
         typer.Option(
@@ -124,7 +131,10 @@ def export(
     from polarproxy.export.run import OptionError, check_options, run_export
 
     adv = AdvantageOptions(
-        advantages.value, scale_rewards.value if scale_rewards else None, keep_zero_variance
+        advantages.value,
+        scale_rewards.value if scale_rewards else None,
+        keep_zero_variance,
+        std_estimator=std_estimator.value,
     )
     options = {
         "strategy": strategy.value if strategy else None,

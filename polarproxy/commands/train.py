@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from polarproxy.commands.enums import SOURCES, Advantages, PauseMode, Strategy, SyncKind
+from polarproxy.commands.enums import SOURCES, Advantages, PauseMode, StdEstimator, Strategy, SyncKind
 from polarproxy.commands.support import fail, print_json, usage_fail
 
 if TYPE_CHECKING:
@@ -115,6 +115,14 @@ def _command_params() -> tuple[list[inspect.Parameter], list[inspect.Parameter]]
                 help="With --follow: grpo (default) or rloo, computed by the gateway.", rich_help_panel=_FOLLOW
             ),
         ]),
+        P("std_estimator", kw, default=None, annotation=Annotated[
+            StdEstimator | None,
+            typer.Option(
+                help="With --follow: GRPO's std at the gateway, sample (default; n - 1, as verl, slime and "
+                "TRL) or population (n).",
+                rich_help_panel=_FOLLOW,
+            ),
+        ]),
         P("json_out", kw, default=False, annotation=Annotated[
             bool, typer.Option("--json", help="Print the result as JSON.")
         ]),
@@ -188,6 +196,7 @@ def _train(
     max_staleness: int | None,
     strategy: str | None,
     advantages: str | None,
+    std_estimator: str | None,
     json_out: bool,
 ) -> None:
     try:
@@ -199,9 +208,10 @@ def _train(
             "Pass either --data FILE (export files) or --follow URL (a running gateway), not both or neither.",
             "See `polarproxy train --help`.",
         )
-    if follow is None and (max_staleness, strategy, advantages) != (None, None, None):
+    if follow is None and (max_staleness, strategy, advantages, std_estimator) != (None, None, None, None):
         usage_fail(
-            "--max-staleness, --strategy and --advantages go with --follow.", "See `polarproxy train --help`."
+            "--max-staleness, --strategy, --advantages and --std-estimator go with --follow.",
+            "See `polarproxy train --help`.",
         )
     if follow is not None and not control_token:
         usage_fail(
@@ -228,6 +238,7 @@ def _train(
             max_staleness=1 if max_staleness is None else max_staleness,
             strategy=strategy or "per-request",
             advantages=advantages or "grpo",
+            std_estimator=std_estimator or "sample",
             sync_url=sync,
             sync_kind=sync_kind,
             sync_pause=sync_pause,

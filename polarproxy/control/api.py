@@ -8,7 +8,8 @@ Routes (JSON in and out; with a control token, each needs `Authorization: Bearer
     POST /polarproxy/v1/episodes/{id}/finish       {exit_code, reward}
     POST /polarproxy/v1/episodes/{id}/reward       {reward, call} (the addon stores it; never with an episode key)
     GET  /polarproxy/v1/trajectories?strategy=per-request|prefix-merge&cursor=C&wait=S
-                                     [&groups=complete&advantages=grpo|rloo|none&limit=N]
+                                     [&groups=complete&advantages=grpo|rloo|none
+                                      &std_estimator=sample|population&limit=N]
 
 An episode created here gets a fresh random API key (store/keys.py keeps only its hash). A harness call
 carrying that key (`Authorization: Bearer`, `x-api-key`, `x-goog-api-key` or `?key=`, as each SDK sends it)
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from polarproxy.choices import ESTIMATORS, GROUPS_MODES, STRATEGIES
+from polarproxy.choices import ESTIMATORS, GROUPS_MODES, STD_ESTIMATORS, STRATEGIES, one_of
 from polarproxy.control.routes import Refusal, Routes, request_key
 from polarproxy.control.stream import collect, decode_cursor, encode_cursor
 from polarproxy.harness.env import base_urls
@@ -330,7 +331,7 @@ class Control:
 
     async def _trajectories(self, flow: http.HTTPFlow) -> None:
         q = flow.request.query
-        allowed = {"strategy", "cursor", "wait", "groups", "advantages", "limit"}
+        allowed = {"strategy", "cursor", "wait", "groups", "advantages", "std_estimator", "limit"}
         unknown = sorted(set(q.keys()) - allowed)
         if unknown:
             raise BadRequest(f"Unknown parameters {unknown}; allowed: {', '.join(sorted(allowed))}.")
@@ -349,6 +350,11 @@ class Control:
             )
         if estimator != "none" and groups != "complete":
             raise BadRequest(f"advantages={estimator} needs whole groups: add groups=complete.")
+        std_estimator = q.get("std_estimator") or "sample"
+        if std_estimator not in STD_ESTIMATORS:
+            raise BadRequest(
+                f"Unknown std_estimator {std_estimator!r}. Must be one of {one_of(STD_ESTIMATORS)}."
+            )
         try:
             after = decode_cursor(q.get("cursor"))
         except ValueError as e:
@@ -360,7 +366,7 @@ class Control:
             event = self._finished
             rows, after = await asyncio.to_thread(
                 collect, self.store, after, strategy=strategy, whole_groups=groups == "complete",
-                estimator=estimator, limit=limit,
+                estimator=estimator, limit=limit, std_estimator=std_estimator,
             )  # fmt: skip
             left = deadline - time.monotonic()
             if rows or left <= 0:

@@ -39,7 +39,14 @@ def decode_cursor(cursor: str | None) -> int:
 
 
 def collect(
-    store: Store, after: int, *, strategy: str, whole_groups: bool, estimator: str, limit: int
+    store: Store,
+    after: int,
+    *,
+    strategy: str,
+    whole_groups: bool,
+    estimator: str,
+    limit: int,
+    std_estimator: str = "sample",
 ) -> tuple[list[dict[str, Any]], int]:
     """The export rows of the episodes finished after finish `seq` `after` (up to `limit` finishes), and the
     new cursor `seq`. With `whole_groups`, a group's rows come with its last finish, once it is complete."""
@@ -52,7 +59,7 @@ def collect(
             limit=None, where=EpisodeQuery(episode_ids=[e for _, e in finishes]), counts=False
         )
         order = {eid: i for i, (_, eid) in enumerate(finishes)}
-        return _rows(store, sorted(eps, key=lambda e: order[e.id]), strategy, "none"), cursor
+        return _rows(store, sorted(eps, key=lambda e: order[e.id]), strategy, "none", std_estimator), cursor
     rows: list[dict[str, Any]] = []
     for seq, eid in finishes:
         (ep,) = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[eid]), counts=False)
@@ -65,11 +72,13 @@ def collect(
             continue  # comes with the finish that completes it
         if keys.last_finish(store, [m.id for m in members]) != seq:
             continue  # came (or comes) with its last finish
-        rows += _rows(store, sorted(members, key=lambda e: e.id), strategy, estimator)
+        rows += _rows(store, sorted(members, key=lambda e: e.id), strategy, estimator, std_estimator)
     return rows, cursor
 
 
-def _rows(store: Store, episodes: Sequence[Any], strategy: str, estimator: str) -> list[dict[str, Any]]:
+def _rows(
+    store: Store, episodes: Sequence[Any], strategy: str, estimator: str, std_estimator: str
+) -> list[dict[str, Any]]:
     """Export rows of these episodes, built as `polarproxy export` builds them."""
     from polarproxy.export.advantages import AdvantageOptions, compute_advantages
     from polarproxy.export.rows import trajectory_to_row
@@ -79,7 +88,8 @@ def _rows(store: Store, episodes: Sequence[Any], strategy: str, estimator: str) 
     if not episodes:
         return []
     chosen = {e.id: e for e in episodes}
-    report = None if estimator == "none" else compute_advantages(chosen.values(), AdvantageOptions(estimator))
+    options = AdvantageOptions(estimator, std_estimator=std_estimator)
+    report = None if estimator == "none" else compute_advantages(chosen.values(), options)
     # The store's token arrays (store/token_calls.py), as exports read them; `where`, not exact IDs: an
     # episode removed since it was listed is left out, not an error.
     calls = iter_token_calls(store, where=EpisodeQuery(episode_ids=list(chosen)))

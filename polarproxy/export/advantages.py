@@ -2,9 +2,10 @@
 
 Every row of an episode gets the episode's advantage, computed from the episode rewards of its group:
 
-- `grpo`: (r - mean_g) / (std + 1e-6), where std is the population standard deviation of the group's rewards
+- `grpo`: (r - mean_g) / (std + 1e-6), where std is the standard deviation of the group's rewards
   (`scale="group"`, the default), of every rewarded episode in the export (`scale="batch"`), or 1 with no
-  epsilon (`scale="none"`: r - mean_g, as Dr. GRPO does);
+  epsilon (`scale="none"`: r - mean_g, as Dr. GRPO does). The std is the sample one (n - 1, as verl, slime
+  and TRL compute it: `torch.std`) unless `std_estimator="population"` (n);
 - `rloo`: r - the mean of the group's other episodes' rewards (leave-one-out; no scaling).
 
 Groups: an episode's `group_id`; an episode without one is grouped by its task (several samples of one
@@ -28,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from polarproxy.choices import ESTIMATORS, REWARD_SCALES
+from polarproxy.choices import ESTIMATORS, REWARD_SCALES, STD_ESTIMATORS, check_choice
 from polarproxy.store.records import Episode
 
 SCALES = REWARD_SCALES
@@ -47,11 +48,27 @@ def population_std(xs: Sequence[float]) -> float:
     return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / len(xs))
 
 
+def sample_std(xs: Sequence[float]) -> float:
+    """sqrt(sum((x - mean)^2) / (n - 1)), as torch.std; 0.0 for fewer than two values."""
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+STDS = {"sample": sample_std, "population": population_std}
+
+
 def grpo_advantages(
-    rewards: Sequence[float], *, scale: str = "group", batch_std: float | None = None
+    rewards: Sequence[float],
+    *,
+    scale: str = "group",
+    batch_std: float | None = None,
+    std_estimator: str = "sample",
 ) -> list[float]:
-    """(r - mean) / (std + EPS) for one group; `scale` 'group' (this group's population std), 'batch'
-    (`batch_std`, the std over the whole export) or 'none' (r - mean, no division)."""
+    """(r - mean) / (std + EPS) for one group; `scale` 'group' (this group's std, `std_estimator` 'sample'
+    or 'population'), 'batch' (`batch_std`, the std over the whole export) or 'none' (r - mean, no
+    division)."""
     m = _mean(rewards)
     if scale == "none":
         return [r - m for r in rewards]
@@ -60,7 +77,7 @@ def grpo_advantages(
             raise ValueError("scale 'batch' needs batch_std, the standard deviation over the whole export.")
         std = batch_std
     elif scale == "group":
-        std = population_std(rewards)
+        std = STDS[std_estimator](rewards)
     else:
         raise ValueError(f"Unknown scale {scale!r}. Must be one of {', '.join(map(repr, SCALES))}.")
     return [(r - m) / (std + EPS) for r in rewards]
@@ -86,12 +103,13 @@ def group_key(ep: Episode) -> str:
 
 @dataclass(slots=True, frozen=True)
 class AdvantageOptions:
-    """`export --advantages grpo|rloo|none --scale-rewards group|batch|none --keep-zero-variance`.
-    `scale` None means 'group' for grpo (and is the only value rloo and none take)."""
+    """`export --advantages grpo|rloo|none --scale-rewards group|batch|none --std-estimator sample|population
+    --keep-zero-variance`. `scale` None means 'group' for grpo (and is the only value rloo and none take)."""
 
     estimator: str = "none"
     scale: str | None = None
     keep_zero_variance: bool = False
+    std_estimator: str = "sample"
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -102,6 +120,7 @@ class AdvantageOptions:
             raise ValueError(
                 f"Unknown --scale-rewards {self.scale!r}. Must be one of {', '.join(map(repr, SCALES))}."
             )
+        check_choice(self.std_estimator, STD_ESTIMATORS, "--std-estimator")
 
     @property
     def enabled(self) -> bool:
@@ -118,6 +137,7 @@ class AdvantageReport:
 
     estimator: str
     scale: str | None
+    std_estimator: str = "sample"
     advantages: dict[str, float] = field(default_factory=dict)  # episode ID -> advantage
     groups: dict[str, str] = field(default_factory=dict)  # episode ID -> group key (kept episodes)
     group_count: int = 0  # groups with at least one rewarded episode
@@ -132,6 +152,7 @@ class AdvantageReport:
         return {
             "estimator": self.estimator,
             "scale_rewards": self.scale,
+            "std_estimator": self.std_estimator,
             "groups": self.group_count,
             "episodes": len(self.advantages),
             "episodes_without_reward": len(self.episodes_without_reward),
@@ -148,7 +169,9 @@ def compute_advantages(episodes: Iterable[Episode], options: AdvantageOptions) -
     if not options.enabled:
         raise ValueError("compute_advantages needs an estimator: 'grpo' or 'rloo'.")
     scale = options.effective_scale
-    report = AdvantageReport(options.estimator, scale, kept_zero_variance=options.keep_zero_variance)
+    report = AdvantageReport(
+        options.estimator, scale, options.std_estimator, kept_zero_variance=options.keep_zero_variance
+    )
     grouped: dict[str, list[Episode]] = {}
     for ep in episodes:
         if ep.reward is None or not math.isfinite(ep.reward):
@@ -157,7 +180,8 @@ def compute_advantages(episodes: Iterable[Episode], options: AdvantageOptions) -
         grouped.setdefault(group_key(ep), []).append(ep)
     report.group_count = len(grouped)
     if scale == "batch":
-        report.batch_std = population_std([ep.reward for eps in grouped.values() for ep in eps])  # type: ignore[misc]
+        everyone = [float(ep.reward) for eps in grouped.values() for ep in eps]  # type: ignore[arg-type]
+        report.batch_std = STDS[options.std_estimator](everyone)
     for key in sorted(grouped):
         members = sorted(grouped[key], key=lambda e: e.id)
         rewards = [float(ep.reward) for ep in members]  # type: ignore[arg-type]
@@ -168,7 +192,12 @@ def compute_advantages(episodes: Iterable[Episode], options: AdvantageOptions) -
                 continue
             values = [0.0] * len(members)
         elif options.estimator == "grpo":
-            values = grpo_advantages(rewards, scale=scale or "group", batch_std=report.batch_std)
+            values = grpo_advantages(
+                rewards,
+                scale=scale or "group",
+                batch_std=report.batch_std,
+                std_estimator=options.std_estimator,
+            )
         else:
             values = rloo_advantages(rewards)
         for ep, value in zip(members, values, strict=True):

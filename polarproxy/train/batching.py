@@ -110,9 +110,11 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def step_weights(samples: Sequence[Sample], agg: str) -> list[float]:
+def step_weights(
+    samples: Sequence[Sample], agg: str, max_completion_length: int | None = None
+) -> list[float]:
     """The aggregation weight of each sample's trainable tokens for one step (all tokens of a sample share
-    it): `loss.aggregation_weights` over the step's trainable tokens."""
+    it): `loss.aggregation_weights` over the step's trainable tokens (`max_completion_length`: dr-grpo's L)."""
     import torch
 
     from polarproxy.train.loss import aggregation_weights
@@ -122,7 +124,11 @@ def step_weights(samples: Sequence[Sample], agg: str) -> list[float]:
     ep = torch.tensor([episodes.setdefault(s.episode_id, len(episodes)) for s in samples])
     seq = torch.arange(len(samples))
     w = aggregation_weights(
-        torch.ones(int(counts.sum())), seq.repeat_interleave(counts), ep.repeat_interleave(counts), agg
+        torch.ones(int(counts.sum())),
+        seq.repeat_interleave(counts),
+        ep.repeat_interleave(counts),
+        agg,
+        max_completion_length,
     )
     starts = torch.cumsum(counts, 0) - counts
     return [float(w[int(a)]) if c else 0.0 for a, c in zip(starts, counts, strict=True)]
@@ -225,6 +231,7 @@ def micro_batches(
     layout: str = "packed",
     mask_mode: str = "positions",
     pad_id: int = 0,
+    max_completion_length: int | None = None,
 ) -> list[MicroBatch]:
     """The micro-batches of one step (`step`: sample indices), with the step's aggregation weights.
     layout "packed": rows end to end (first-fit decreasing, `pack`); "padded": rows sorted by length,
@@ -233,7 +240,7 @@ def micro_batches(
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown micro-batch layout {layout!r}. Must be one of 'packed', 'padded'.")
     chosen = [samples[i] for i in step]
-    weights = step_weights(chosen, agg)
+    weights = step_weights(chosen, agg, max_completion_length)
     lengths = [len(s) for s in chosen]
     if layout == "packed":
         bins = pack(lengths, token_budget)

@@ -43,6 +43,12 @@ class TrainConfig:
         None, "Truncated importance sampling: weight tokens by min(π/π_behaviour, CAP).", panel=LOSS
     )
     loss_agg: str = option("token-mean", "How token losses are averaged.", panel=LOSS, choices=LOSS_AGGS)
+    max_completion_length: int | None = option(
+        None,
+        "dr-grpo's L: the step's loss is its token sum / (rows x L) (TRL's max_completion_length; default: the "
+        "most trainable tokens of one row of the step).",
+        panel=LOSS,
+    )
     importance_level: str = option(
         "token",
         "token, or sequence (GSPO: exp of the mean log-ratio).",
@@ -95,6 +101,8 @@ class TrainConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}.")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(f"--max-completion-length must be >= 1, got {self.max_completion_length}.")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {self.steps}.")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):

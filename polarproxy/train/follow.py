@@ -69,6 +69,7 @@ class FollowConfig:
     max_staleness: int = 1
     strategy: str = "per-request"
     advantages: str = "grpo"
+    std_estimator: str = "sample"  # GRPO's std at the gateway: sample (n - 1) or population (n)
     wait_s: float = WAIT_S
     sync_url: str | None = None
     sync_kind: str = "sglang"
@@ -207,6 +208,7 @@ class _Stream:
                 wait=wait,
                 groups="complete",
                 advantages=self.fcfg.advantages,
+                std_estimator=self.fcfg.std_estimator,
             )
         except ControlError as e:
             if e.status in (401, 403):

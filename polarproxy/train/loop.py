@@ -198,7 +198,14 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "tokens": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped": 0.0, "kl_sum": 0.0}
         sums |= {"tis_capped": 0.0, "entropy_sum": 0.0, "run_tokens": 0}
-        batches = micro_batches(samples, step_rows, cfg.loss_agg, cfg.token_budget, layout=self.layout)
+        batches = micro_batches(
+            samples,
+            step_rows,
+            cfg.loss_agg,
+            cfg.token_budget,
+            layout=self.layout,
+            max_completion_length=cfg.max_completion_length,
+        )
         for mb in batches:
             mb = mb.to(device)
             with autocast:

@@ -10,12 +10,17 @@ engine recorded when it sampled t, `mask[t]` 1 where t is trainable, `seq_index[
     rho_t   = exp(mean_{u in seq(t), mask} (logp_u - behaviour_u))  (sequence level, GSPO)
     pg_t  = -min(rho_t A, clip(rho_t, 1 - ε_low, 1 + ε_high) A)        (TRL / DAPO clip-higher)
     pg_t  = min(pg_t, -c A)  where A < 0                           (dual clip, c > 1)
-    loss  = Σ_t w_t (pg_t + β k3_t),   k3_t = exp(r_t - logp_t) - (r_t - logp_t) - 1   (r: reference)
+    loss  = Σ_t w_t (pg_t + β rho_t k3_t),  k3_t = exp(r_t - logp_t) - (r_t - logp_t) - 1   (r: reference)
+
+The KL term is weighted by the token's importance ratio rho_t = π/π_old (with its gradient; 1 in value at
+the start of the step): k3 alone has the gradient of KL(π_ref || π), k3 times the ratio that of the
+KL(π || π_ref) it estimates (as DeepSeek-V3.2 and TRL's `use_bias_correction_kl` do).
 
 `w_t` are the aggregation weights (`aggregation_weights`): token-mean (1/#tokens of the step),
 seq-mean-token-mean (each sequence's tokens averaged, then the sequences), episode-token-mean (one
 token-weighted mean per episode over all of its rows, then the episodes: slime's reducer, for episodes
-exported as many per-call rows). They are computed once for the whole optimizer step and split with the
+exported as many per-call rows), dr-grpo (1/(#rows of the step x L), L the max completion length: Dr.
+GRPO's constant normaliser, as TRL's `loss_type="dr_grpo"`). They are computed once for the whole optimizer step and split with the
 tokens, so gradient accumulation over micro-batches gives exactly the loss of the full batch.
 
 Truncated importance sampling (`tis_cap` C, for train/inference mismatch): the clipped ratio is taken
@@ -54,14 +59,22 @@ def segment_sum(values: Tensor, index: Tensor, n: int) -> Tensor:
     return torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, index, values)
 
 
-def aggregation_weights(mask: Tensor, seq_index: Tensor, episode_index: Tensor, agg: str) -> Tensor:
+def aggregation_weights(
+    mask: Tensor, seq_index: Tensor, episode_index: Tensor, agg: str, max_completion_length: int | None = None
+) -> Tensor:
     """(N,) weight of each token's loss so that Σ_t w_t l_t is the chosen mean; 0 on masked tokens.
 
     mask (N,) 0/1 · seq_index (N,) in [0, S) · episode_index (N,) in [0, E) · agg: token-mean |
-    seq-mean-token-mean | episode-token-mean. Segments without a trainable token do not count."""
+    seq-mean-token-mean | episode-token-mean | dr-grpo (1/(S·L), L = `max_completion_length`, default the
+    most trainable tokens of one sequence). Segments without a trainable token do not count."""
     m = mask.to(torch.float64)
     if agg == "token-mean":
         return (m / m.sum().clamp(min=1)).to(torch.float32)
+    if agg == "dr-grpo":
+        n = int(seq_index.max().item()) + 1 if seq_index.numel() else 0
+        counts = segment_sum(m, seq_index, n)
+        length = max_completion_length or int(counts.max().item() if n else 1)
+        return (m / (max(n, 1) * max(length, 1))).to(torch.float32)
     if agg == "seq-mean-token-mean":
         index = seq_index
     elif agg == "episode-token-mean":
@@ -112,9 +125,17 @@ def tis_weights(logp: Tensor, behaviour_logp: Tensor, cap: float) -> Tensor:
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """(N,) Schulman's k3 estimator of KL(π || π_ref): exp(r - p) - (r - p) - 1 ≥ 0."""
+    """(N,) Schulman's k3 estimator of KL(π || π_ref) in value: exp(r - p) - (r - p) - 1 ≥ 0. Its gradient
+    alone is that of KL(π_ref || π): weight it by the importance ratio (`kl_term`) to train on the KL it
+    names."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1
+
+
+def kl_term(logp: Tensor, old_logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """(N,) rho · k3 with rho = exp(logp - old_logp) carrying its gradient: in expectation over tokens sampled
+    from π_old, the gradient of KL(π || π_ref) (the k3 value of it at rho = 1)."""
+    return torch.exp(logp - old_logp) * k3_kl(logp, ref_logp)
 
 
 def grpo_loss(
@@ -148,7 +169,7 @@ def grpo_loss(
     if ref_logp is not None:
         kl = k3_kl(logp, ref_logp)
         if settings.kl_coef:
-            per_token = per_token + settings.kl_coef * kl
+            per_token = per_token + settings.kl_coef * kl_term(logp, old, ref_logp)
     loss = (per_token * weights * m).sum()
 
     with torch.no_grad():

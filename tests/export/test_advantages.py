@@ -15,6 +15,7 @@ from polarproxy.export.advantages import (
     grpo_advantages,
     population_std,
     rloo_advantages,
+    sample_std,
 )
 from polarproxy.export.run import run_export
 from polarproxy.store import CallResult, CallStart, EpisodeStart, Store
@@ -25,18 +26,35 @@ def _ep(eid, reward, group=None, task=None, status="ok"):
     return Episode(eid, ["x"], None, None, task, group, reward, status, 0, 1.0, 2.0, {})
 
 
-# Hand computations. Group [1, 0.5, 0]: mean 0.5, population std sqrt((0.25 + 0 + 0.25) / 3) = 0.4082483.
-# Group [1, 0, 0, 1]: mean 0.5, std 0.5. All seven rewards: mean 3.5 / 7 = 0.5,
-# std sqrt((3 * 0.25 + 0 + 3 * 0.25) / 7) = sqrt(1.5 / 7) = 0.4629100.
+# Hand computations. Group [1, 0.5, 0]: mean 0.5, sample std sqrt((0.25 + 0 + 0.25) / 2) = 0.5 (population
+# std sqrt(0.5 / 3) = 0.4082483). Group [1, 0, 0, 1]: mean 0.5, sample std sqrt(1 / 3) = 0.5773503
+# (population 0.5). All seven rewards: mean 3.5 / 7 = 0.5, population std sqrt((3 * 0.25 + 0 + 3 * 0.25) / 7)
+# = sqrt(1.5 / 7) = 0.4629100.
 G1 = [1.0, 0.5, 0.0]
 G2 = [1.0, 0.0, 0.0, 1.0]
 
 
-def test_grpo_scaled_by_the_group_std():
+def test_grpo_scaled_by_the_group_std_sample_by_default_as_verl_slime_and_trl():
+    assert sample_std(G1) == pytest.approx(0.5, abs=1e-12)
+    assert grpo_advantages(G1) == pytest.approx([0.5 / 0.500001, 0.0, -0.5 / 0.500001], abs=1e-6)
+    a = 0.5 / (0.5773503 + 1e-6)
+    assert grpo_advantages(G2) == pytest.approx([a, -a, -a, a], abs=1e-6)
+    # torch.std (verl's, slime's and TRL's) is the sample std
+    torch = pytest.importorskip("torch")
+    assert sample_std(G2) == pytest.approx(torch.tensor(G2).std().item(), abs=1e-7)
+
+
+def test_grpo_with_the_population_std():
     assert population_std(G1) == pytest.approx(0.4082483, abs=1e-7)
-    assert grpo_advantages(G1) == pytest.approx([0.5 / 0.4082493, 0.0, -0.5 / 0.4082493], abs=1e-6)
+    assert grpo_advantages(G1, std_estimator="population") == pytest.approx(
+        [0.5 / 0.4082493, 0.0, -0.5 / 0.4082493], abs=1e-6
+    )
     # 0.5 / (0.5 + 1e-6) = 0.999998
-    assert grpo_advantages(G2) == pytest.approx([0.999998, -0.999998, -0.999998, 0.999998], abs=1e-6)
+    assert grpo_advantages(G2, std_estimator="population") == pytest.approx(
+        [0.999998, -0.999998, -0.999998, 0.999998], abs=1e-6
+    )
+    with pytest.raises(ValueError, match=r"Unknown --std-estimator 'unbiased'.*'sample', 'population'"):
+        AdvantageOptions("grpo", std_estimator="unbiased")
 
 
 def test_grpo_scaled_by_the_batch_std_and_unscaled():
@@ -72,7 +90,11 @@ def _episodes():
 def test_batch_std_is_over_every_rewarded_episode_of_the_export():
     report = compute_advantages(_episodes(), AdvantageOptions("grpo", "batch"))
     rewards = [*G1, *G2, 1.0, 1.0, 0.3]
-    assert report.batch_std == pytest.approx(population_std(rewards))
+    assert report.batch_std == pytest.approx(sample_std(rewards))
+    population = compute_advantages(
+        _episodes(), AdvantageOptions("grpo", "batch", std_estimator="population")
+    )
+    assert population.batch_std == pytest.approx(population_std(rewards))
     assert report.advantages["ep_g10"] == pytest.approx((1.0 - 0.5) / (report.batch_std + 1e-6))
 
 
@@ -81,7 +103,7 @@ def test_zero_variance_groups_and_episodes_without_reward_are_left_out_and_count
     assert sorted(report.advantages) == sorted(
         [f"ep_g1{i}" for i in range(3)] + [f"ep_g2{i}" for i in range(4)]
     )
-    assert report.advantages["ep_g20"] == pytest.approx(0.999998)
+    assert report.advantages["ep_g20"] == pytest.approx(0.5 / (0.5773503 + 1e-6))
     assert report.zero_variance_groups == ["episode:ep_alone", "group:flat"]
     assert report.zero_variance_episodes == 3 and report.episodes_without_reward == ["ep_unrewarded"]
     assert report.summary()["groups"] == 4
@@ -129,12 +151,14 @@ def test_an_export_with_advantages_writes_them_per_row_and_counts_what_it_left_o
         validator.validate(row)
     by_episode = {r["episode_id"]: r for r in rows}
     assert set(by_episode) == {made["g_hi"], made["g_lo"]}
-    assert by_episode[made["g_hi"]]["advantage"] == pytest.approx(0.5 / (0.5 + 1e-6))
-    assert by_episode[made["g_lo"]]["advantage"] == pytest.approx(-0.5 / (0.5 + 1e-6))
+    std = 0.5**0.5  # the sample std of [1, 0]
+    assert by_episode[made["g_hi"]]["advantage"] == pytest.approx(0.5 / (std + 1e-6))
+    assert by_episode[made["g_lo"]]["advantage"] == pytest.approx(-0.5 / (std + 1e-6))
     assert by_episode[made["g_hi"]]["metadata"]["advantage_group"] == "group:g"
     assert summary["advantages"] == {
         "estimator": "grpo",
         "scale_rewards": "group",
+        "std_estimator": "sample",
         "groups": 2,
         "episodes": 2,
         "episodes_without_reward": 1,

@@ -15,7 +15,8 @@ from polarproxy.train.loss import (  # noqa: E402
     grpo_loss,
 )
 
-AGGS = ("token-mean", "seq-mean-token-mean", "episode-token-mean")
+AGGS = ("token-mean", "seq-mean-token-mean", "episode-token-mean", "dr-grpo")
+DR_GRPO_LENGTH = 16  # Dr. GRPO's constant L in the tests (TRL's max_completion_length)
 
 
 def _random_batch(seed: int, n_seq: int = 6, max_len: int = 12):
@@ -58,10 +59,12 @@ def _naive(logp, behaviour, adv, mask, seq, ep, agg, s: LossSettings, ref=None):
             loss = loss * min(math.exp(float(logp[t].detach() - behaviour[t])), s.tis_cap)
         if ref is not None and s.kl_coef:
             d = ref[t] - logp[t]
-            loss = loss + s.kl_coef * (torch.exp(d) - d - 1)
+            loss = loss + s.kl_coef * torch.exp(logp[t] - old[t]) * (torch.exp(d) - d - 1)
         losses[t] = loss
     if agg == "token-mean":
         return sum(losses.values()) / len(losses)
+    if agg == "dr-grpo":  # TRL's: the masked sum over (rows x max_completion_length)
+        return sum(losses.values()) / (len(set(seq.tolist())) * DR_GRPO_LENGTH)
     key = seq if agg == "seq-mean-token-mean" else ep
     groups: dict[int, list] = {}
     for t, v in losses.items():
@@ -87,7 +90,7 @@ def test_loss_and_gradient_match_the_naive_formula(agg: str, name: str) -> None:
     )
     ref_arg = ref if s.kl_coef else None
     p1 = logp.clone().requires_grad_(True)
-    weights = aggregation_weights(mask, seq, ep, agg).to(torch.float64)
+    weights = aggregation_weights(mask, seq, ep, agg, DR_GRPO_LENGTH).to(torch.float64)
     loss, stats = grpo_loss(p1, behaviour, adv, mask, weights, seq, n_seq, s, ref_arg)
     loss.backward()
     p2 = logp.clone().requires_grad_(True)
@@ -175,3 +178,35 @@ def test_aggregation_weights_sum_to_one_and_follow_their_unit() -> None:
     assert em.tolist()[:3] == pytest.approx([1 / 10] * 3) and em[8].item() == pytest.approx(1 / 2)
     with pytest.raises(ValueError, match="Unknown loss aggregation"):
         aggregation_weights(mask, seq, ep, "sum")
+
+
+def test_the_kl_term_has_the_gradient_of_kl_pi_to_ref_not_of_kl_ref_to_pi() -> None:
+    """On a small categorical distribution, the expected KL term over tokens sampled from π_old = π has the
+    exact gradient of KL(π || π_ref); k3 alone would give that of KL(π_ref || π)."""
+    from polarproxy.train.loss import k3_kl, kl_term
+
+    g = torch.Generator().manual_seed(3)
+    theta = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=True)
+    ref_logp = torch.log_softmax(torch.randn(7, generator=g, dtype=torch.float64), 0)
+
+    def expected(term):  # Σ_x π_old(x) term(x): the expectation over sampled tokens, exactly
+        logp = torch.log_softmax(theta, 0)
+        return (logp.detach().exp() * term(logp)).sum()
+
+    (ours,) = torch.autograd.grad(expected(lambda lp: kl_term(lp, lp.detach(), ref_logp)), theta)
+    (naive,) = torch.autograd.grad(expected(lambda lp: k3_kl(lp, ref_logp)), theta)
+    logp = torch.log_softmax(theta, 0)
+    (forward,) = torch.autograd.grad((logp.exp() * (logp - ref_logp)).sum(), theta)  # KL(π || π_ref)
+    logp = torch.log_softmax(theta, 0)
+    (reverse,) = torch.autograd.grad((ref_logp.exp() * (ref_logp - logp)).sum(), theta)  # KL(π_ref || π)
+    assert torch.allclose(ours, forward, atol=1e-12)
+    assert torch.allclose(naive, reverse, atol=1e-12) and not torch.allclose(ours, reverse, atol=1e-3)
+
+
+def test_dr_grpo_divides_by_rows_times_the_max_completion_length_whatever_the_lengths() -> None:
+    mask = torch.tensor([1, 1, 1, 0, 1], dtype=torch.float64)
+    seq = torch.tensor([0, 0, 0, 1, 1])
+    w = aggregation_weights(mask, seq, seq, "dr-grpo", 10)
+    assert w.tolist() == pytest.approx([0.05, 0.05, 0.05, 0.0, 0.05])  # 1 / (2 rows x 10)
+    default = aggregation_weights(mask, seq, seq, "dr-grpo")  # L: the most trainable tokens of one row (3)
+    assert default.tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 0.0, 1 / 6])

@@ -167,7 +167,7 @@ def test_group_table_shows_rewards_and_grpo_advantages(
     assert {r[0] for r in g1} == set(built.group_g1)
     values = [rewards[eid] for eid in sorted(built.group_g1)]
     mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))  # the sample std
     for r in g1:  # the figures as the export computes them: (r - mean) / (std + 1e-6)
         assert float(r[3]) == rewards[r[0]]
         assert abs(float(r[4]) - (rewards[r[0]] - mean) / (std + 1e-6)) < 1e-4
