@@ -120,6 +120,7 @@ class Client:
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self.cursor: str | None = None  # where `trajectories` left off
+        self.excluded_failed = 0  # episodes the stream's answers left out of their groups as `infra` failures
         self._timeout = timeout
         self._http = httpx.Client(base_url=self.url, headers=_headers(token), timeout=timeout)
 
@@ -188,6 +189,7 @@ class Client:
         data = _check(
             self._http.get("/polarproxy/v1/trajectories", params=params, timeout=self._timeout + wait)
         )
+        self.excluded_failed += int(data.get("excluded_failed", 0))
         return data["trajectories"], data["cursor"]
 
     def trajectories(
@@ -220,6 +222,7 @@ class AsyncClient:
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self.cursor: str | None = None
+        self.excluded_failed = 0
         self._timeout = timeout
         self._http = httpx.AsyncClient(base_url=self.url, headers=_headers(token), timeout=timeout)
 
@@ -283,6 +286,7 @@ class AsyncClient:
         data = _check(
             await self._http.get("/polarproxy/v1/trajectories", params=params, timeout=self._timeout + wait)
         )
+        self.excluded_failed += int(data.get("excluded_failed", 0))
         return data["trajectories"], data["cursor"]
 
     async def trajectories(

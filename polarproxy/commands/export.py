@@ -109,6 +109,14 @@ def export(
             "deviation."
         ),
     ] = StdEstimator.sample,
+    failed_as_zero: Annotated[
+        bool,
+        typer.Option(
+            help="Keep episodes that failed outside the agent's control (the harness never reached the model, "
+            "the proxy died) in their groups with reward 0.0, as before 2026-12-06; by default they leave "
+            "their groups and are counted as excluded_failed."
+        ),
+    ] = False,
     keep_zero_variance: Annotated[
         bool,
         typer.Option(
@@ -135,6 +143,7 @@ def export(
         scale_rewards.value if scale_rewards else None,
         keep_zero_variance,
         std_estimator=std_estimator.value,
+        failed_as_zero=failed_as_zero,
     )
     options = {
         "strategy": strategy.value if strategy else None,

@@ -216,6 +216,12 @@ def rollout(
         print_json(summary)
     else:
         _print_summary(summary)
+    if not ok:
+        failed = [e for e in summary["episodes"] if e["state"] == "failed"]
+        first = "; ".join(f"{e['task']}#{e['sample']}: {e['reason']}" for e in failed[:3])
+        typer.echo(
+            f"Error: {len(failed)} of {len(summary['episodes'])} episodes failed. First: {first}", err=True
+        )
     raise typer.Exit(0 if ok else 1)
 
 

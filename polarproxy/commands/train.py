@@ -353,7 +353,8 @@ def _follow(model: Path, out: Path, cfg: TrainConfig, fcfg: FollowConfig, *, jso
     else:
         typer.echo(
             f"trained {result.steps} step(s) to step {result.step} on {result.rows_trained} rows; "
-            f"{result.rows_dropped_stale} stale rows dropped, {result.rows_pending} pending; checkpoint "
+            f"{result.rows_dropped_stale} stale rows dropped, {result.rows_pending} pending, "
+            f"{result.excluded_failed} failed episodes left out of their groups (never reached the model); checkpoint "
             f"{result.checkpoint} (weight version {result.weight_version})",
             err=True,
         )

@@ -362,12 +362,14 @@ class Control:
         wait = _float_param(q.get("wait"), "wait", default=0.0)
         limit = _int_param(q.get("limit"), "limit", default=DEFAULT_LIMIT)
         deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_S)
+        excluded = 0  # episodes that left their groups as `infra` failures (export/failures.py)
         while True:
             event = self._finished
-            rows, after = await asyncio.to_thread(
+            rows, after, left_out = await asyncio.to_thread(
                 collect, self.store, after, strategy=strategy, whole_groups=groups == "complete",
                 estimator=estimator, limit=limit, std_estimator=std_estimator,
             )  # fmt: skip
+            excluded += left_out
             left = deadline - time.monotonic()
             if rows or left <= 0:
                 break
@@ -375,7 +377,8 @@ class Control:
                 await asyncio.wait_for(event.wait(), timeout=min(left, POLL_S))
             except TimeoutError:
                 pass
-        flow.response = _response(200, orjson.dumps({"trajectories": rows, "cursor": encode_cursor(after)}))
+        answer = {"trajectories": rows, "cursor": encode_cursor(after), "excluded_failed": excluded}
+        flow.response = _response(200, orjson.dumps(answer))
 
 
 class BadRequest(ValueError):

@@ -47,20 +47,23 @@ def collect(
     estimator: str,
     limit: int,
     std_estimator: str = "sample",
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[dict[str, Any]], int, int]:
     """The export rows of the episodes finished after finish `seq` `after` (up to `limit` finishes), and the
-    new cursor `seq`. With `whole_groups`, a group's rows come with its last finish, once it is complete."""
+    new cursor `seq`, and how many episodes left their groups as `infra` failures (export/failures.py). With
+    `whole_groups`, a group's rows come with its last finish, once it is complete."""
     finishes = keys.finishes_after(store, after, limit=limit)
     if not finishes:
-        return [], after
+        return [], after, 0
     cursor = finishes[-1][0]
     if not whole_groups:
         eps = store.list_episodes(
             limit=None, where=EpisodeQuery(episode_ids=[e for _, e in finishes]), counts=False
         )
         order = {eid: i for i, (_, eid) in enumerate(finishes)}
-        return _rows(store, sorted(eps, key=lambda e: order[e.id]), strategy, "none", std_estimator), cursor
+        rows, _ = _rows(store, sorted(eps, key=lambda e: order[e.id]), strategy, "none", std_estimator)
+        return rows, cursor, 0
     rows: list[dict[str, Any]] = []
+    excluded = 0
     for seq, eid in finishes:
         (ep,) = store.list_episodes(limit=None, where=EpisodeQuery(episode_ids=[eid]), counts=False)
         members = (
@@ -72,25 +75,31 @@ def collect(
             continue  # comes with the finish that completes it
         if keys.last_finish(store, [m.id for m in members]) != seq:
             continue  # came (or comes) with its last finish
-        rows += _rows(store, sorted(members, key=lambda e: e.id), strategy, estimator, std_estimator)
-    return rows, cursor
+        got, left_out = _rows(store, sorted(members, key=lambda e: e.id), strategy, estimator, std_estimator)
+        rows += got
+        excluded += left_out
+    return rows, cursor, excluded
 
 
 def _rows(
     store: Store, episodes: Sequence[Any], strategy: str, estimator: str, std_estimator: str
-) -> list[dict[str, Any]]:
-    """Export rows of these episodes, built as `polarproxy export` builds them."""
+) -> tuple[list[dict[str, Any]], int]:
+    """Export rows of these episodes, built as `polarproxy export` builds them, and how many of the episodes
+    left their group as `infra` failures."""
     from polarproxy.export.advantages import AdvantageOptions, compute_advantages
     from polarproxy.export.rows import trajectory_to_row
     from polarproxy.export.run import trajectories
     from polarproxy.store.token_calls import iter_token_calls
 
     if not episodes:
-        return []
+        return [], 0
     chosen = {e.id: e for e in episodes}
     options = AdvantageOptions(estimator, std_estimator=std_estimator)
-    report = None if estimator == "none" else compute_advantages(chosen.values(), options)
+    report = None
+    if estimator != "none":
+        report = compute_advantages(chosen.values(), options, store.answered_calls(list(chosen)))
     # The store's token arrays (store/token_calls.py), as exports read them; `where`, not exact IDs: an
     # episode removed since it was listed is left out, not an error.
     calls = iter_token_calls(store, where=EpisodeQuery(episode_ids=list(chosen)))
-    return [trajectory_to_row(t) for t in trajectories(calls, chosen, strategy, report=report)]
+    rows = [trajectory_to_row(t) for t in trajectories(calls, chosen, strategy, report=report)]
+    return rows, 0 if report is None else len(report.excluded_failed)

@@ -13,11 +13,13 @@ task recorded without `--group`), and an episode with neither is a group of its 
 each row's `metadata.advantage_group` ('group:ID', 'task:NAME', 'episode:ID').
 
 What is left out, and counted in the summary:
-- episodes without a reward take no part (their rows are not exported with advantages);
+- failed episodes of class `infra` (export/failures.py: the harness never reached the model, or its proxy
+  died) are not samples of the policy: they leave their group (`excluded_failed`), unless
+  `failed_as_zero`. Failures of class `agent` (a crash after its first answered call, a time limit, a
+  verifier timeout) keep their reward, or get 0.0 when they have none, and stay in their group;
+- episodes without a reward (not yet rewarded) take no part (their rows are not exported with advantages);
 - a group whose rewards are all equal (a group of one included) teaches nothing: its episodes' rows are
-  dropped, unless `keep_zero_variance`, when their advantage is 0.0.
-Failed and interrupted episodes that have a reward count like any other (a harness that crashed on a task
-is a sample of the policy too); choose them out with `--status` when they should not. Per-call rewards do
+  dropped, unless `keep_zero_variance`, when their advantage is 0.0. Per-call rewards do
 not enter the advantage; rows carry them in `call_rewards` for trainers that use them. Only the episodes
 that pass the export's filters are grouped: a filter on reward changes the groups' statistics.
 """
@@ -25,11 +27,12 @@ that pass the export's filters are grouped: a filter on reward changes the group
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from polarproxy.choices import ESTIMATORS, REWARD_SCALES, STD_ESTIMATORS, check_choice
+from polarproxy.export.failures import failure_class
 from polarproxy.store.records import Episode
 
 SCALES = REWARD_SCALES
@@ -110,6 +113,9 @@ class AdvantageOptions:
     scale: str | None = None
     keep_zero_variance: bool = False
     std_estimator: str = "sample"
+    failed_as_zero: bool = (
+        False  # keep `infra` failures in their groups (reward or 0.0), as before 2026-12-06
+    )
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -142,6 +148,8 @@ class AdvantageReport:
     groups: dict[str, str] = field(default_factory=dict)  # episode ID -> group key (kept episodes)
     group_count: int = 0  # groups with at least one rewarded episode
     episodes_without_reward: list[str] = field(default_factory=list)
+    excluded_failed: list[str] = field(default_factory=list)  # `infra` failures: not samples of the policy
+    zeroed_failed: int = 0  # failures that had no reward and count as 0.0
     zero_variance_groups: list[str] = field(default_factory=list)
     zero_variance_episodes: int = 0
     kept_zero_variance: bool = False
@@ -156,6 +164,8 @@ class AdvantageReport:
             "groups": self.group_count,
             "episodes": len(self.advantages),
             "episodes_without_reward": len(self.episodes_without_reward),
+            "excluded_failed": len(self.excluded_failed),
+            "failed_as_zero": self.zeroed_failed,
             "zero_variance_groups": len(self.zero_variance_groups),
             "zero_variance_episodes": self.zero_variance_episodes,
             "zero_variance_kept": self.kept_zero_variance,
@@ -164,8 +174,12 @@ class AdvantageReport:
         }
 
 
-def compute_advantages(episodes: Iterable[Episode], options: AdvantageOptions) -> AdvantageReport:
-    """The advantage of every episode that has one under `options` (see the module docstring)."""
+def compute_advantages(
+    episodes: Iterable[Episode], options: AdvantageOptions, answered: Mapping[str, int] | None = None
+) -> AdvantageReport:
+    """The advantage of every episode that has one under `options` (see the module docstring). `answered`:
+    each episode's calls the model answered (`Store.answered_calls`); None: not known, and only
+    interrupted episodes are `infra`."""
     if not options.enabled:
         raise ValueError("compute_advantages needs an estimator: 'grpo' or 'rloo'.")
     scale = options.effective_scale
@@ -173,18 +187,28 @@ def compute_advantages(episodes: Iterable[Episode], options: AdvantageOptions) -
         options.estimator, scale, options.std_estimator, kept_zero_variance=options.keep_zero_variance
     )
     grouped: dict[str, list[Episode]] = {}
+    rewards_of: dict[str, float] = {}
     for ep in episodes:
-        if ep.reward is None or not math.isfinite(ep.reward):
+        cls = failure_class(ep, None if answered is None else answered.get(ep.id, 0))
+        if cls == "infra" and not options.failed_as_zero:
+            report.excluded_failed.append(ep.id)
+            continue
+        reward = ep.reward if ep.reward is not None and math.isfinite(ep.reward) else None
+        if reward is None and cls is not None:
+            reward = 0.0  # a failure that got no reward: a sample that solved nothing
+            report.zeroed_failed += 1
+        if reward is None:
             report.episodes_without_reward.append(ep.id)
             continue
+        rewards_of[ep.id] = reward
         grouped.setdefault(group_key(ep), []).append(ep)
     report.group_count = len(grouped)
     if scale == "batch":
-        everyone = [float(ep.reward) for eps in grouped.values() for ep in eps]  # type: ignore[arg-type]
+        everyone = [rewards_of[ep.id] for eps in grouped.values() for ep in eps]
         report.batch_std = STDS[options.std_estimator](everyone)
     for key in sorted(grouped):
         members = sorted(grouped[key], key=lambda e: e.id)
-        rewards = [float(ep.reward) for ep in members]  # type: ignore[arg-type]
+        rewards = [rewards_of[ep.id] for ep in members]
         if max(rewards) == min(rewards):
             report.zero_variance_groups.append(key)
             report.zero_variance_episodes += len(members)

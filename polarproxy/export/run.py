@@ -204,7 +204,9 @@ def run_export(
     write = get_writer(fmt)
     query = filters.query()
     chosen = {e.id: e for e in store.list_episodes(limit=None, where=query, counts=False)}
-    report = compute_advantages(chosen.values(), adv) if adv.enabled else None
+    report = None
+    if adv.enabled:
+        report = compute_advantages(chosen.values(), adv, store.answered_calls(list(chosen)))
 
     def rows(source_store: Any, episode_ids: list[str] | None) -> Iterable[Trajectory | SpanTrajectory]:
         if plain:  # prefix-merge reads most prompts only by length: rebuild their ID lists only when read

@@ -48,6 +48,10 @@ class Episodes(Protocol):
 
     def prior(self, rollout_id: str, groups: list[str]) -> list[PriorEpisode]: ...
 
+    def calls_made(self, episode_id: str, group: str) -> int:
+        """How many model calls the episode has made (to tell a harness that never reached the model)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -103,6 +107,12 @@ class ControlEpisodes:
             self._store_result(episode_id, result)
             reward = result.reward if result.set_episode else None
         self._do(self.client.finish_episode, episode_id, exit_code=exit_code, reward=reward)
+
+    def calls_made(self, episode_id: str, group: str) -> int:
+        for e in self._do(self.client.episodes, group=group, limit=PRIOR_LIMIT):
+            if e["id"] == episode_id:
+                return int(e.get("calls") or 0)
+        return 0
 
     def prior(self, rollout_id: str, groups: list[str]) -> list[PriorEpisode]:
         out = []
@@ -174,6 +184,9 @@ class LocalGateway(ControlEpisodes):
             self.loop,
         )
         future.result()
+
+    def calls_made(self, episode_id: str, group: str) -> int:
+        return self.stack.store.answered_calls([episode_id]).get(episode_id, 0)
 
     def end(self, episode_id: str, *, exit_code: int, result: VerifierResult | None) -> None:
         if result is not None:

@@ -225,6 +225,18 @@ def execute(job: Job, s: Settings) -> None:
         raise StageError(f"cannot start the harness {command[0]!r}: {e.strerror or e}") from e
     job.harness_timed_out = result.timed_out
     job.exit_code = EXIT_TIMEOUT if result.timed_out else EXIT_STOPPED if result.stopped else result.exit_code
+    if (
+        job.exit_code != 0
+        and not result.stopped
+        and s.episodes.calls_made(handle.episode_id, group_id(s, job.task)) == 0
+    ):
+        # not a sample of the policy (export/failures.py: `infra`): a wrong path, a missing binary, a crash at
+        # start. The episode fails here, without a reward, and leaves its group in every export.
+        tail = " ".join(result.output_tail.strip().splitlines()[-3:])[-300:]
+        raise StageError(
+            f"infra: the harness never reached the model (exit {job.exit_code}, no model call)"
+            + (f": {tail}" if tail else "")
+        )
 
 
 def evaluate(job: Job, s: Settings) -> None:

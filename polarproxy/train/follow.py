@@ -112,6 +112,7 @@ class FollowResult:
     rows_unversioned: int = 0
     rows_untrainable: int = 0  # no trainable token (nothing sampled, or no logprobs)
     rows_pending: int = 0  # landed, not trained when the run stopped
+    excluded_failed: int = 0  # episodes the gateway left out of their groups as `infra` failures
     synced_version: str | None = None
     cursor: str | None = field(default=None, repr=False)
     stopped: str = ""
@@ -131,6 +132,7 @@ class FollowResult:
             "rows_unversioned": self.rows_unversioned,
             "rows_untrainable": self.rows_untrainable,
             "rows_pending": self.rows_pending,
+            "excluded_failed": self.excluded_failed,
             "synced_version": self.synced_version,
             "stopped": self.stopped,
         }
@@ -248,6 +250,7 @@ class _Follower:
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
         r = self.result
+        r.excluded_failed = self.stream.client.excluded_failed
         r.rows_received += len(rows)
         r.groups_received += len({row.get("group_id") or row.get("episode_id") for row in rows})
         for row in rows:

@@ -372,7 +372,9 @@ class ViewData:
         from polarproxy.export.advantages import AdvantageOptions, compute_advantages, group_key
 
         eps = self.store.list_episodes(limit=None)
-        report = compute_advantages(eps, AdvantageOptions("grpo"))
+        report = compute_advantages(
+            eps, AdvantageOptions("grpo"), self.store.answered_calls([e.id for e in eps])
+        )
         zero = set(report.zero_variance_groups)
         grouped: dict[str, list[Episode]] = {}
         for ep in eps:
