@@ -300,8 +300,9 @@ def bench(args: Any) -> dict[str, Any]:
             "--agent",
         ],  # stdlib only: a quick start
         model_name="tiny",
+        pass_env=["BENCH_AGENT_LOG"],
     )
-    os.environ["BENCH_AGENT_LOG"] = str(root / "agents.jsonl")  # the agents inherit it
+    os.environ["BENCH_AGENT_LOG"] = str(root / "agents.jsonl")  # the agents get it (--pass-env)
     runs: dict[str, list[dict[str, Any]]] = {"pipelined": [], "baseline": []}
     try:
         for r in range(args.repeats):
