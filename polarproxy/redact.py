@@ -14,14 +14,38 @@ REDACTED = "<redacted>"
 SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "set-cookie"}
 )
-SECRET_QUERY_KEYS = frozenset({"key", "api_key", "api-key", "apikey", "access_token", "token"})
+# a header whose name holds one of these is a secret too (`x-auth-token`, `x-amz-security-token`,
+# `x-goog-signature`, `session_id`); names that hold none (`content-type`, `keep-alive`) are kept
+SECRET_HEADER_PARTS = ("auth", "token", "key", "secret", "signature", "session", "cookie")
+SECRET_QUERY_KEYS = frozenset(
+    {
+        "key",
+        "api_key",
+        "api-key",
+        "apikey",
+        "access_token",
+        "token",
+        "sig",
+        "signature",
+        "code",
+        "secret",
+        "password",
+    }
+)
+
+
+def is_secret_header(name: str) -> bool:
+    """Whether a header's value is a secret: one of `SECRET_HEADERS`, or a name holding a part of
+    `SECRET_HEADER_PARTS`."""
+    lowered = name.lower()
+    return lowered in SECRET_HEADERS or any(part in lowered for part in SECRET_HEADER_PARTS)
 
 
 def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Headers as a dict (a repeated name's values joined with ', '), secret values replaced."""
     out: dict[str, str] = {}
     for name, value in headers:
-        v = REDACTED if name.lower() in SECRET_HEADERS else value
+        v = REDACTED if is_secret_header(name) else value
         out[name] = f"{out[name]}, {v}" if name in out else v
     return out
 
@@ -58,6 +82,9 @@ SECRET_NAME_WORDS = frozenset(
         "credentials",
         "cookie",
         "bearer",
+        "signature",
+        "sig",
+        "session",
     }
 )
 _NAME_PARTS = re.compile(r"[-_.]+")
@@ -74,6 +101,9 @@ _KEY_LIKE = re.compile(
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 _URL_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:\s]*):([^/@\s]*)@")
 _JSON_SECRET = re.compile(r"(\"([A-Za-z0-9_\-]+)\"\s*:\s*\")((?:[^\"\\]|\\.)*)(\")")
+# `NAME=value` inside free text (a verifier's output: `token=abc`, `PASSWORD=hunter2`)
+_QUOTED_REDACTED = quote(REDACTED)  # as a URL's query holds it
+_TEXT_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z_][A-Za-z0-9_.-]*)=([^\s\"'&,;]+)")
 
 
 def is_secret_name(name: str) -> bool:
@@ -92,12 +122,20 @@ def _redact_url(url: str) -> str:
     return redact_path(url) if "?" in url else url
 
 
+def _redact_assignment(m: re.Match[str]) -> str:
+    if not is_secret_name(m.group(1)) or m.group(2) in (REDACTED, _QUOTED_REDACTED):
+        return m.group(0)
+    return f"{m.group(1)}={REDACTED}"
+
+
 def redact_text(text: str) -> str:
     """Secrets inside one free-form string: bearer tokens, provider-shaped keys, URL passwords and secret
-    query parameters, and `"password": "..."`-style JSON members; the rest kept verbatim."""
+    query parameters, `token=...`-style assignments and `"password": "..."`-style JSON members; the rest
+    kept verbatim."""
     text = _SCHEME_TOKEN.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
     text = _KEY_LIKE.sub(REDACTED, text)
     text = _URL.sub(lambda m: _redact_url(m.group(0)), text)
+    text = _TEXT_ASSIGNMENT.sub(_redact_assignment, text)
     return _JSON_SECRET.sub(
         lambda m: f"{m.group(1)}{REDACTED}{m.group(4)}" if is_secret_name(m.group(2)) else m.group(0), text
     )
@@ -105,7 +143,7 @@ def redact_text(text: str) -> str:
 
 def _redact_word(arg: str) -> str:
     header = _HEADER.match(arg)
-    if header and header.group(2).lower() in SECRET_HEADERS:
+    if header and is_secret_header(header.group(2)):
         return f"{header.group(1)}{header.group(2)}{header.group(3)}{REDACTED}"
     if arg.startswith("-"):
         name, eq, value = arg.partition("=")

@@ -176,3 +176,38 @@ def test_the_store_redacts_a_command_line_that_reaches_it_unredacted(tmp_path, c
     assert "unredacted" in caplog.text
     for f in tmp_path.glob("s.db*"):
         assert b"abc123" not in f.read_bytes() and b"hf-x" not in f.read_bytes()
+
+
+def test_custom_auth_headers_and_signed_query_values_are_redacted():
+    headers = redact_headers(
+        [
+            ("x-auth-token", "t0ken"),
+            ("X-Amz-Security-Token", "amz"),
+            ("x-goog-signature", "sig"),
+            ("session_id", "s-1"),
+            ("x-client-secret", "shh"),
+            ("content-type", "application/json"),
+            ("keep-alive", "timeout=5"),
+        ]
+    )
+    assert headers == {
+        "x-auth-token": REDACTED,
+        "X-Amz-Security-Token": REDACTED,
+        "x-goog-signature": REDACTED,
+        "session_id": REDACTED,
+        "x-client-secret": REDACTED,
+        "content-type": "application/json",
+        "keep-alive": "timeout=5",
+    }
+    path = redact_path("/v1/x?sig=abc&code=123&signature=s&password=p&secret=q&alt=sse")
+    assert path == "/v1/x?" + "&".join(
+        [*(f"{n}=%3Credacted%3E" for n in ("sig", "code", "signature", "password", "secret")), "alt=sse"]
+    )
+
+
+def test_name_value_secrets_in_free_text_are_redacted():
+    text = "ok token=abc123 PASSWORD=hunter2 db_password=x1 max_tokens=5 session=77 path=/tmp/x"
+    assert redact_text(text) == (
+        f"ok token={REDACTED} PASSWORD={REDACTED} db_password={REDACTED} max_tokens=5 session={REDACTED} "
+        "path=/tmp/x"
+    )

@@ -253,6 +253,23 @@ class Recorder:
             return
         if self.gateway is None or self.responder is None or self.writer is None:
             return
+        try:
+            await self._serve(flow)
+        except Exception as e:  # fail closed: a request this hook did not finish never reaches the backend
+            log.exception("internal error while routing %s %s", flow.request.method, flow.request.path)
+            if flow.response is None and META_KEY not in flow.metadata:
+                dialect = route(flow.request.method, flow.request.path.partition("?")[0]) or OPENAI_CHAT
+                message = (
+                    f"polarproxy could not route this request ({type(e).__name__}); nothing was forwarded."
+                )
+                flow.response = http.Response.make(
+                    503, dialect.error(503, message, "internal_error"), JSON_HEADERS
+                )
+
+    async def _serve(self, flow: http.HTTPFlow) -> None:
+        """Route one request: polarproxy's own routes, a provider route (parsed, recorded, served), or a
+        provider-shaped 404."""
+        assert self.gateway is not None and self.responder is not None and self.writer is not None
         req = flow.request
         path = req.path
         if path.startswith(CONTROL_PREFIX) or (

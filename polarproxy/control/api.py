@@ -105,7 +105,11 @@ class Control:
             routed = self.routes.keyed(key)
             if routed is not None:
                 return routed
-            found = await asyncio.to_thread(keys.lookup, self.store, key)
+            try:
+                found = await asyncio.to_thread(keys.lookup, self.store, key)
+            except Exception as e:  # the store is down: fail closed, but keys known here keep working
+                known = self.routes.known(key)
+                return known if known is not None else _store_refusal(e)
             if found is not None:
                 if found.finished:
                     return Refusal(
@@ -136,7 +140,10 @@ class Control:
             )
         if self.routes.named(named):
             return named
-        state = await asyncio.to_thread(keys.episode_state, self.store, named)
+        try:
+            state = await asyncio.to_thread(keys.episode_state, self.store, named)
+        except Exception as e:  # the store is down: an episode this proxy served goes on, others wait
+            return named if self.routes.was_named(named) else _store_refusal(e)
         if state is not None:
             status, writer_id = state
             if status != "running":
@@ -206,7 +213,10 @@ class Control:
         if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode()):
             return None
         key = request_key(req)
-        found = None if key is None else await asyncio.to_thread(keys.lookup, self.store, key)
+        try:
+            found = None if key is None else await asyncio.to_thread(keys.lookup, self.store, key)
+        except Exception as e:
+            return 503, _store_refusal(e).message
         if found is not None and found.finished:
             return 409, f"Episode {found.episode_id} is finished ({found.status}); its API key is refused."
         if found is not None:
@@ -262,6 +272,7 @@ class Control:
             await self.writer.finish_episode(episode_id, status="failed", exit_code=None)
             _json(flow, 503, {"error": f"The episode's key was not stored: {e}"})
             return
+        self.routes.confirm(episode_id, key)  # issued here: valid from memory while the store is down
         _json(
             flow,
             201,
@@ -379,6 +390,17 @@ class Control:
                 pass
         answer = {"trajectories": rows, "cursor": encode_cursor(after), "excluded_failed": excluded}
         flow.response = _response(200, orjson.dumps(answer))
+
+
+def _store_refusal(e: Exception) -> Refusal:
+    """A call whose key cannot be checked: refused (never passed on unchecked), in its dialect's shape."""
+    log.warning("refused a call whose key could not be checked: %s", e)
+    return Refusal(
+        503,
+        "polarproxy cannot check this call's API key: its store does not answer. Nothing was forwarded; "
+        "retry once the database is back.",
+        "store_unavailable",
+    )
 
 
 class BadRequest(ValueError):

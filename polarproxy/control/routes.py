@@ -58,6 +58,18 @@ class Routes:
             return None
         return hit[0]
 
+    def known(self, key: str) -> str | None:
+        """The episode `key` was last confirmed for, however long ago (while the store cannot be read: keys
+        this proxy issued or confirmed stay valid from memory); None for a key not seen or an ended episode."""
+        hit = self._keys.get(keys.key_hash(key))
+        if hit is None or hit[0] in self._ended:
+            return None
+        return hit[0]
+
+    def was_named(self, episode_id: str) -> bool:
+        """Whether `episode_id` was ever confirmed here by header or path (however long ago), and not ended."""
+        return episode_id in self._named and episode_id not in self._ended
+
     def named(self, episode_id: str) -> bool:
         at = self._named.get(episode_id)
         return at is not None and time.monotonic() - at <= self.ttl_s

@@ -46,14 +46,14 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.fixture
 def serve(tiny_model_dir: Path, env: dict[str, str]) -> Iterator[Callable[..., Served]]:
-    """serve(backend_url, db) -> `polarproxy serve` in a subprocess, stopped (SIGTERM) at teardown."""
+    """serve(backend_url, db, *extra) -> `polarproxy serve` in a subprocess, stopped (SIGTERM) at teardown."""
     started: list[Served] = []
 
-    def start(backend_url: str, db: str) -> Served:
+    def start(backend_url: str, db: str, *extra: str) -> Served:
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "polarproxy", "serve", "--backend", backend_url),
-                *("--model", str(tiny_model_dir), "--db", db, "--port", "0"),
+                *("--model", str(tiny_model_dir), "--db", db, "--port", "0", *extra),
             ],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,

@@ -161,3 +161,39 @@ def test_record_ending_while_postgres_is_down_exits_with_the_harness_code_and_db
         assert all(c.output_ids == reply_ids for c in calls)
     finally:
         store.close()
+
+
+def test_with_the_database_down_serve_fails_closed_and_its_running_episodes_keep_working(
+    cluster, stub, serve, env
+):
+    """A key that cannot be checked is refused in its dialect's shape and never forwarded; a key this proxy
+    issued keeps working from memory, its calls going to the spool."""
+    url = cluster.create_database("closed")
+    token = "ctl-outage-token"
+    served = serve(stub.url, url, "--control-token", token)
+    ctl = {"authorization": f"Bearer {token}"}
+    created = httpx.post(served.url + "/polarproxy/v1/episodes", json={"task": "t"}, headers=ctl, timeout=30)
+    assert created.status_code == 201, created.text
+    key = created.json()["api_key"]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    ok = httpx.post(served.url + CHAT, json=body, headers={"authorization": f"Bearer {key}"}, timeout=60)
+    assert ok.status_code == 200, ok.text
+
+    cluster.stop("fast")
+    reached = stub.stub.cfg.calls
+    made_up = "ppk_" + "0" * 40
+    refused = httpx.post(
+        served.url + CHAT, json=body, headers={"authorization": f"Bearer {made_up}"}, timeout=60
+    )
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_unavailable", refused.text
+    anthropic = httpx.post(
+        served.url + "/v1/messages",
+        json={"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": made_up},
+        timeout=60,
+    )
+    assert anthropic.status_code == 503 and anthropic.json()["type"] == "error"
+    assert stub.stub.cfg.calls == reached  # nothing reached the backend unauthenticated
+    still = httpx.post(served.url + CHAT, json=body, headers={"authorization": f"Bearer {key}"}, timeout=60)
+    assert still.status_code == 200, still.text  # the running episode keeps working
+    assert spools(env)  # its call waits in the spool for the database
