@@ -40,7 +40,7 @@ async def start_proxy(
     options: dict[str, object] = {
         "mode": [f"reverse:{gateway.backend.url}"],
         "connection_strategy": "lazy",
-        "keep_host_header": False,
+        "keep_host_header": True,  # the harness's Host, as sent (serve checks it: DNS rebinding)
     }
     if confdir is not None:
         options["confdir"] = str(confdir)

@@ -19,7 +19,7 @@ from polarproxy.commands.proxy_options import (
     ToolFormatOpt,
     proxy_config,
 )
-from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json
+from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json, usage_fail
 
 
 def serve(
@@ -73,6 +73,14 @@ def serve(
             "Pass a secret (e.g. `openssl rand -hex 24`), or leave the option out.",
         )
     cfg.control_token = control_token
+    from polarproxy.loopback import is_loopback
+
+    if not control_token and not is_loopback(host):
+        usage_fail(
+            f"--host {host} is not a loopback address, and serve has no --control-token.",
+            "Pass --control-token SECRET (or POLARPROXY_CONTROL_TOKEN) to listen beyond loopback, or keep "
+            "--host 127.0.0.1.",
+        )
     check_port_free(host, port)
 
     def ready(url: str, episode_id: str) -> None:

@@ -61,7 +61,7 @@ def view(
     if model is not None and not model.is_dir():
         fail(f"--model '{model}' is not a folder.", "Pass a model folder (tokenizer + chat template).")
     if export is None:
-        from polarproxy.view.server import is_loopback
+        from polarproxy.loopback import is_loopback
 
         if not is_loopback(host):
             usage_fail(

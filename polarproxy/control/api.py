@@ -39,7 +39,9 @@ import logging
 import math
 import re
 import time
+from collections import Counter
 from dataclasses import asdict
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -48,6 +50,7 @@ from polarproxy.choices import ESTIMATORS, GROUPS_MODES, STD_ESTIMATORS, STRATEG
 from polarproxy.control.routes import Refusal, Routes, request_key
 from polarproxy.control.stream import collect, decode_cursor, encode_cursor
 from polarproxy.harness.env import base_urls
+from polarproxy.loopback import is_json, loopback_host
 from polarproxy.store import keys
 from polarproxy.store.ids import EPISODE_ID, EPISODE_ID_RULE
 from polarproxy.store.query import EpisodeQuery
@@ -64,6 +67,7 @@ log = logging.getLogger("polarproxy.control")
 EPISODES_PATH = "/polarproxy/v1/episodes"
 TRAJECTORIES_PATH = "/polarproxy/v1/trajectories"
 HEALTH_PATH = "/health"
+WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 _EPISODE_ACTION = re.compile(f"^/polarproxy/v1/episodes/({EPISODE_ID})/(finish|reward)/?$")
 MAX_WAIT_S = 300.0
 POLL_S = 0.25  # how often a long poll looks for episodes finished by other proxies on the same database
@@ -88,6 +92,7 @@ class Control:
         self.started = time.time()
         self._finished = asyncio.Event()  # set (and replaced) whenever an episode is finished here
         self.routes = Routes()
+        self.refused: Counter[str] = Counter()  # refusals by reason, for /health
 
     @property
     def store(self) -> Store:
@@ -98,8 +103,40 @@ class Control:
     async def episode_for(
         self, req: http.Request, named: str | None, from_path: bool
     ) -> str | Refusal | None:
-        """The episode a harness call belongs to (None: the default episode), or why it is refused.
-        `named` is the episode its header or `/e/ID/` path names (`from_path`: the path)."""
+        """The episode a harness call belongs to (None: the default episode), or why it is refused (and
+        counted in /health's `refused`). `named` is the episode its header or `/e/ID/` path names
+        (`from_path`: the path)."""
+        decided = self.open_refusal(req) or await self._route_call(req, named, from_path)
+        if isinstance(decided, Refusal):
+            self.refused[decided.code] += 1
+        return decided
+
+    def open_refusal(self, req: http.Request) -> Refusal | None:
+        """Without a control token (loopback use), what keeps a web page elsewhere out: a Host that is not a
+        loopback name (DNS rebinding) is refused, and so is a write without a JSON content type (a
+        cross-site simple POST)."""
+        if self.token is not None:
+            return None
+        host = req.headers.get("host")
+        if not loopback_host(host):
+            return Refusal(
+                400,
+                f"Host {host!r} is not a loopback name: serve without --control-token answers requests to "
+                "127.0.0.1, ::1 and localhost only.",
+                "bad_host",
+            )
+        if req.method in WRITE_METHODS and not is_json(req.headers.get("content-type")):
+            return Refusal(
+                415,
+                f"{req.method} needs Content-Type: application/json (serve without --control-token refuses "
+                "other writes, which a web page elsewhere could send).",
+                "unsupported_media_type",
+            )
+        return None
+
+    async def _route_call(
+        self, req: http.Request, named: str | None, from_path: bool
+    ) -> str | Refusal | None:
         key = request_key(req)
         if key is not None and (self.token or key.startswith(keys.KEY_PREFIX)):
             routed = self.routes.keyed(key)
@@ -172,8 +209,10 @@ class Control:
         if bare == HEALTH_PATH:
             return self._health(flow, req.method)
         action = _EPISODE_ACTION.match(bare)
-        denied = await self._denied(req)
+        opened = self.open_refusal(req)
+        denied = (opened.status, opened.message) if opened is not None else await self._denied(req)
         if denied is not None:
+            self.refused[opened.code if opened is not None else HTTPStatus(denied[0]).phrase] += 1
             _json(flow, denied[0], {"error": denied[1]})
             return True
         try:
@@ -244,6 +283,7 @@ class Control:
                 "uptime_s": round(time.time() - self.started, 3),
                 "default_episode": self.default_episode,
                 "control_token": self.token is not None,
+                "refused": dict(sorted(self.refused.items())),  # requests refused, by reason
             },
         )
         return True

@@ -20,7 +20,6 @@ and only once `--ray` is given.
 from __future__ import annotations
 
 import copy
-import ipaddress
 import logging
 import os
 import shutil
@@ -35,6 +34,7 @@ from typing import Any, cast
 
 from polarproxy.client import EpisodeHandle
 from polarproxy.errors import UsageError
+from polarproxy.loopback import is_loopback
 from polarproxy.rollout.episodes import Episodes, PriorEpisode
 from polarproxy.rollout.run import FINISHED, Plan, Rollout, plan_jobs, start_relay
 from polarproxy.rollout.stages import STAGES, Job, Settings, group_id
@@ -54,15 +54,6 @@ class RayTarget:
 
     def __str__(self) -> str:
         return f"local:{self.nodes}" if self.nodes is not None else str(self.address)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_target(value: str) -> RayTarget:

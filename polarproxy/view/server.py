@@ -7,17 +7,16 @@ cannot read the store through DNS rebinding); `bind` refuses an address that is 
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from importlib import resources
 from typing import Any
 
+from polarproxy.loopback import host_name, is_loopback
 from polarproxy.view.data import NotFound, ViewData
 
 STATIC_FILES = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
 READ_METHODS = ("GET", "HEAD")
-LOOPBACK_NAMES = ("localhost", "localhost.")
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -33,26 +32,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 def static_text(name: str) -> str:
     """A file of the front end (index.html, app.js, app.css), from the package."""
     return resources.files("polarproxy.view").joinpath("static", name).read_text(encoding="utf-8")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
-    name = host.strip()
-    if name.startswith("[") and name.endswith("]"):
-        name = name[1:-1]
-    if name.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_name(header: str) -> str:
-    """The host of a Host header, without the port ('[::1]:8080' -> '::1')."""
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 class Guard:
@@ -85,7 +64,7 @@ class Guard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         host = headers.get("host", "")
-        if host and not is_loopback(_host_name(host)):
+        if host and not is_loopback(host_name(host)):
             response = JSONResponse(
                 {
                     "error": f"Host {host!r} is not a loopback name; the viewer answers 127.0.0.1, ::1, localhost."

@@ -203,3 +203,44 @@ def test_trajectory_stream_parameters_are_checked(serving):
             assert r.status_code == 400 and word in r.json()["error"], (params, r.text)
         empty = h.get("/polarproxy/v1/trajectories", params={"wait": "0"})
         assert empty.status_code == 200 and empty.json()["trajectories"] == []
+
+
+def test_without_a_token_a_web_page_elsewhere_cannot_drive_serve(serving, tmp_path):
+    """DNS rebinding (a Host that is not loopback) and cross-site simple POSTs (no JSON content type) are
+    refused before anything is routed or written, and counted in /health's `refused`."""
+    s = serving()
+    db = tmp_path / "s.db"
+    before = counts(db)
+    with httpx.Client(base_url=s.url, timeout=30) as h:
+        rebound = h.post("/v1/chat/completions", json=CHAT, headers={"host": "attacker.example:80"})
+        assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "bad_host"
+        form = h.post("/v1/chat/completions", content=b"x=1", headers={"content-type": "text/plain"})
+        assert form.status_code == 415 and form.json()["error"]["code"] == "unsupported_media_type"
+        curl = h.post(  # `curl -d` sends a form's content type
+            f"/polarproxy/v1/episodes/{s.default_episode}/reward",
+            content=b'{"reward": 1.0}',
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert curl.status_code == 415
+        finish = h.post(
+            f"/polarproxy/v1/episodes/{s.default_episode}/finish",
+            json={"exit_code": 0},
+            headers={"host": "rebind.example"},
+        )
+        assert finish.status_code == 400
+        assert h.post("/v1/chat/completions", json=CHAT).status_code == 200  # the harness's own call
+        health = h.get("/health").json()
+    assert health["refused"] == {"bad_host": 2, "unsupported_media_type": 2}
+    assert counts(db) == (before[0], before[1] + 1)  # the refusals wrote nothing
+
+
+def test_serve_beyond_loopback_needs_a_control_token(tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "polarproxy", "serve", "--backend", "http://127.0.0.1:9", "--model",
+         str(tiny_model_dir), "--db", str(tmp_path / "x.db"), "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--control-token" in r.stderr and "Traceback" not in r.stderr

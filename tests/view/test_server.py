@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from view_fixtures import Built, ViewServer
 
 from polarproxy.cli import app
-from polarproxy.view.server import bind, is_loopback
+from polarproxy.loopback import is_loopback
+from polarproxy.view.server import bind
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.7", "example.com"])
