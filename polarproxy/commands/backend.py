@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from polarproxy.commands.support import fail
+from polarproxy.commands.support import fail, usage_fail
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -53,8 +53,25 @@ def backend(
             help="Answer from this script (YAML/JSON) instead of sampling; logprobs stay the model's."
         ),
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="POLARPROXY_SYNC_API_KEY",
+            help="Key the admin routes (weights, pause, cache) require as Authorization: Bearer KEY, as "
+            "SGLang's --api-key; `train --sync` sends POLARPROXY_SYNC_API_KEY. Needed beyond loopback.",
+        ),
+    ] = None,
 ) -> None:
     """Serve a transformers model over SGLang's /generate API (CPU, or GPU when present)."""
+    from polarproxy.loopback import is_loopback
+
+    if not api_key and not is_loopback(host):
+        usage_fail(
+            f"--host {host} is not a loopback address, and the backend has no --api-key.",
+            "Pass --api-key KEY (or POLARPROXY_SYNC_API_KEY) to serve beyond loopback: its admin routes swap "
+            "weights. Or keep --host 127.0.0.1.",
+        )
     check_model_folder(model)
     from polarproxy.backends.local.script import Script, ScriptError
     from polarproxy.backends.local.server import serve
@@ -79,6 +96,7 @@ def backend(
             max_new_tokens_limit=max_new_tokens_limit,
             ready=ready,
             script=loaded,
+            api_key=api_key or None,
         )
     except OSError as e:
         fail(

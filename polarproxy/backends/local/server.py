@@ -22,6 +22,7 @@ weights and reports both versions.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import select
 import socket
@@ -41,6 +42,7 @@ from polarproxy.backends.local.model_runner import GenStep, ModelRunner, Samplin
 from polarproxy.backends.local.output_text import IncrementalText, final_text
 from polarproxy.backends.local.request import GenerateRequest, RequestError, json_object, parse_generate
 from polarproxy.backends.local.script import Script, scripted_steps
+from polarproxy.loopback import is_json, loopback_host
 
 log = logging.getLogger("polarproxy.backends.local")
 
@@ -56,8 +58,21 @@ ABORTED_BY_PAUSE: dict[str, Any] = {
 }
 
 
+# every route but /generate, /health* and the read-only info routes: POST and PUT, and GET /flush_cache
+ADMIN_ROUTES = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+    }
+)
+
+
 class LocalBackendServer(ThreadingHTTPServer):
-    """The HTTP server; `port` is the bound port (useful with port 0)."""
+    """The HTTP server; `port` is the bound port (useful with port 0). Its admin routes (`ADMIN_ROUTES`)
+    take JSON only, from a loopback Host, and with `api_key` set only with that key."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -72,10 +87,12 @@ class LocalBackendServer(ThreadingHTTPServer):
         max_new_tokens_limit: int | None = None,
         served_model_name: str | None = None,
         script: Script | None = None,
+        api_key: str | None = None,
     ) -> None:
         if max_new_tokens_limit is not None and max_new_tokens_limit < 0:
             raise ValueError(f"max_new_tokens_limit must be >= 0, got {max_new_tokens_limit}")
         self.runner = runner
+        self.api_key = api_key or None  # the admin routes need it (`--api-key`, POLARPROXY_SYNC_API_KEY)
         self.script = script
         self.weight_version = weight_version
         self.max_new_tokens_limit = max_new_tokens_limit
@@ -175,6 +192,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         srv = self.server
+        if path in ADMIN_ROUTES and not self._admin_allowed():
+            return
         if path == "/health":
             self._send(200, b"", "text/plain")
         elif path == "/health_generate":
@@ -219,10 +238,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         try:
-            body = self._read_body()
+            body = self._read_body()  # read (within its limit) even when refused: the connection goes on
         except (RequestError, ValueError) as e:
             self.close_connection = True
             self._send_error(str(e))
+            return
+        if path in ADMIN_ROUTES and not self._admin_allowed(write=True):
             return
         handlers = {
             "/generate": self._generate,
@@ -244,6 +265,27 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_POST
 
     # -- admin endpoints -------------------------------------------------------------------------------
+
+    def _admin_allowed(self, *, write: bool = False) -> bool:
+        """Whether this request may use an admin route (weights, pause, cache); else answered here. With an
+        API key it must carry it (`Authorization: Bearer KEY`, as SGLang's `--api-key`); without one, its
+        Host must be a loopback name (DNS rebinding). A write must be JSON (a cross-site simple POST is not)."""
+        srv = self.server
+        if srv.api_key is not None:
+            scheme, _, value = (self.headers.get("authorization") or "").partition(" ")
+            given = value.strip().encode() if scheme.lower() == "bearer" else b""
+            if not hmac.compare_digest(given, srv.api_key.encode()):
+                self._send_json(
+                    401, {"error": "This admin route needs the server's API key: Authorization: Bearer KEY."}
+                )
+                return False
+        elif not loopback_host(self.headers.get("host")):
+            self._send_json(400, {"error": f"Host {self.headers.get('host')!r} is not a loopback name."})
+            return False
+        if write and not is_json(self.headers.get("content-type")):
+            self._send_json(415, {"error": "Admin routes take Content-Type: application/json only."})
+            return False
+        return True
 
     def _health_generate(self) -> None:
         runner = self.server.runner
@@ -505,6 +547,7 @@ class LocalServer:
         max_new_tokens_limit: int | None = None,
         served_model_name: str | None = None,
         script: Script | None = None,
+        api_key: str | None = None,
     ) -> None:
         runner = model if isinstance(model, ModelRunner) else ModelRunner(model)
         self.httpd = LocalBackendServer(
@@ -515,6 +558,7 @@ class LocalServer:
             max_new_tokens_limit=max_new_tokens_limit,
             served_model_name=served_model_name,
             script=script,
+            api_key=api_key,
         )
         self._thread: threading.Thread | None = None
 
@@ -566,6 +610,7 @@ def serve(
     served_model_name: str | None = None,
     device: str | None = None,
     script: Script | None = None,
+    api_key: str | None = None,
 ) -> None:
     """Load the model in `model_dir` and serve until interrupted; `ready(port)` once listening
     (port 0 picks a free port). With `script`, answers come from it (teacher-forced logprobs)."""
@@ -578,6 +623,7 @@ def serve(
         max_new_tokens_limit=max_new_tokens_limit,
         served_model_name=served_model_name,
         script=script,
+        api_key=api_key,
     )
     try:
         if ready is not None:

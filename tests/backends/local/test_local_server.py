@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -387,3 +388,38 @@ def test_module_entry_point_serves_on_a_free_port(random_model_dir):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_admin_routes_take_json_from_loopback_and_the_key_when_one_is_set(server, tmp_path):
+    """A web page elsewhere cannot swap weights or freeze generation: not by a cross-site simple POST
+    (text/plain), not through DNS rebinding (a foreign Host); with --api-key only the key opens them."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        plain = c.post(
+            "/pause_generation", content=b'{"mode": "abort"}', headers={"content-type": "text/plain"}
+        )
+        assert plain.status_code == 415
+        rebound = c.post(
+            "/update_weight_version", json={"new_version": "evil"}, headers={"host": "evil.example"}
+        )
+        assert rebound.status_code == 400
+        assert c.get("/flush_cache", headers={"host": "evil.example"}).status_code == 400
+        assert c.get("/get_weight_version").json()["weight_version"] != "evil"
+        assert c.get("/health", headers={"host": "evil.example"}).status_code == 200  # read-only: open
+    with (
+        LocalServer(server.runner, api_key="k-123") as keyed,
+        httpx.Client(base_url=keyed.url, timeout=60) as c,
+    ):
+        assert c.post("/update_weight_version", json={"new_version": "x"}).status_code == 401
+        wrong = {"authorization": "Bearer nope"}
+        assert c.post("/update_weight_version", json={"new_version": "x"}, headers=wrong).status_code == 401
+        right = {"authorization": "Bearer k-123"}
+        assert c.put("/update_weight_version", json={"new_version": "v9"}, headers=right).status_code == 200
+        assert c.get("/get_weight_version").json()["weight_version"] == "v9"
+
+
+def test_the_backend_beyond_loopback_needs_an_api_key(tiny_model_dir):
+    r = subprocess.run(
+        [sys.executable, "-m", "polarproxy", "backend", "--model", str(tiny_model_dir), "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "POLARPROXY_SYNC_API_KEY"},
+    )  # fmt: skip
+    assert r.returncode == 2 and "--api-key" in r.stderr and "Traceback" not in r.stderr
