@@ -3,6 +3,7 @@
 VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 HARNESSES := .cache/harnesses
 # Harness CLIs the integration tests drive (npm registry; see ../shared/harnesses/README.md).
 NPM_HARNESSES := @qwen-code/qwen-code@0.15.10 @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 \
@@ -25,7 +26,8 @@ PYTHON ?= $(shell for c in python3.14 python3.13 python3.12 \
 
 all: test
 
-$(STAMP): setup.cfg pyproject.toml
+# The venv: `make demo` installs what the demo needs ('.[torch]'), `make test` everything the tests use.
+$(VENV)/bin/python:
 	@if [ -z "$(PYTHON)" ]; then \
 	  echo "Error: polarproxy needs Python >= 3.12 (mitmproxy 12 does), and none was found." >&2; \
 	  echo "Install one (e.g. 'apt-get install python3.12-venv', 'pyenv install 3.12', or 'uv python install 3.12')," >&2; \
@@ -33,8 +35,14 @@ $(STAMP): setup.cfg pyproject.toml
 	@echo "==> creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[torch,test,ray]'
+
+$(DEMO_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[torch]'
 	@touch $@
+
+$(STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[torch,test,ray]'
+	@touch $@ $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -55,11 +63,11 @@ $(AIDER_VENV)/.installed-$(AIDER_VERSION):
 
 harnesses: $(HARNESSES)/.installed $(AIDER_VENV)/.installed-$(AIDER_VERSION)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
 # The RL loop closed on a CPU: toy task, GRPO groups, train, weight sync, reward curve (demo-rl-out/).
-demo-rl: $(STAMP)
+demo-rl: $(DEMO_STAMP)
 	$(PY) examples/rl_loop.py
 
 test: $(STAMP) harnesses

@@ -179,3 +179,30 @@ def test_a_missing_backend_is_told_without_importing_the_proxy():
         "heavy = [m for m in ('mitmproxy', 'sqlalchemy', 'polarproxy.capture.gateway') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "extra"),
+    [
+        (["tiny-model", "{tmp}/tiny"], "torch", "torch"),
+        (["train", "--data", "{tmp}/rows.jsonl", "--model", "{tmp}", "--out", "{tmp}/run"], "torch", "torch"),
+        (["backend", "--model", "{model}"], "torch", "torch"),
+    ],
+)
+def test_a_missing_optional_dependency_is_an_error_with_the_pip_line(
+    argv, module, extra, tmp_path, tiny_model_dir, monkeypatch
+):
+    """Without torch (`pip install .` for recording only), the commands that need it say so and how to get
+    it; no traceback, and the model folder is not blamed."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a)
+    )
+    (tmp_path / "rows.jsonl").write_text("")
+    args = [a.format(tmp=tmp_path, model=tiny_model_dir) for a in argv]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1, r.output
+    assert f"needs {module}" in r.stderr and f"pip install 'polarproxy[{extra}]'" in r.stderr
+    assert "Traceback" not in r.output and "save_pretrained" not in r.stderr

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from polarproxy.commands.support import fail, usage_fail
+from polarproxy.commands.support import fail, need, usage_fail
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -73,6 +73,7 @@ def backend(
             "weights. Or keep --host 127.0.0.1.",
         )
     check_model_folder(model)
+    need("torch", "backend", "torch")
     from polarproxy.backends.local.script import Script, ScriptError
     from polarproxy.backends.local.server import serve
 
@@ -104,5 +105,9 @@ def backend(
         )
     except KeyboardInterrupt:
         pass
+    except ModuleNotFoundError as e:  # an optional dependency, not the model folder
+        fail(
+            f"polarproxy backend needs {e.name}, which is not installed.", "pip install 'polarproxy[torch]'."
+        )
     except Exception as e:  # transformers raises many types for a folder it cannot load
         fail(f"Cannot load the model in '{model}': {e}", "Pass a folder written by save_pretrained.")

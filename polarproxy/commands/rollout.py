@@ -17,7 +17,7 @@ from polarproxy.commands.proxy_options import (
     MaxTokensOpt,
     proxy_config,
 )
-from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json, usage_fail
+from polarproxy.commands.support import DbOpt, ModelOpt, fail, need, print_json, usage_fail
 
 
 def rollout(
@@ -141,6 +141,8 @@ def rollout(
         )
     if serve is not None and not control_token:
         usage_fail("--serve needs --control-token (or POLARPROXY_CONTROL_TOKEN).")
+    if ray is not None:
+        need("ray", "rollout --ray", "ray")
     ray_target = _ray_target(ray, serve, db)
     if isolation in (Isolation.docker, Isolation.apptainer) and not image:
         usage_fail(f"--isolation {isolation.value} needs --image.")

@@ -38,6 +38,18 @@ def fail(message: str, hint: str | None = None) -> NoReturn:
     _error(message, hint, code=1)
 
 
+def need(module: str, command: str, extra: str) -> None:
+    """`Error:` naming what is missing and the `pip install` line that brings it, when `module` (an optional
+    dependency: torch, ray) is not installed; no traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        fail(
+            f"polarproxy {command} needs {module}, which is not installed.",
+            f"pip install 'polarproxy[{extra}]' (from a checkout: pip install '.[{extra}]').",
+        )
+
+
 def usage_fail(message: str, hint: str | None = None) -> NoReturn:
     """A usage error: `Error: <what>` then a hint, exit 2."""
     _error(message, hint, code=2)
@@ -48,8 +60,10 @@ def _error(message: str, hint: str | None, *, code: int) -> NoReturn:
 
     err = Console(stderr=True, highlight=False, emoji=False)
     err.print(f"[bold red]Error:[/] {safe_text(message)}", markup=True, soft_wrap=True)
-    if hint:
-        err.print(safe_text(hint), style="dim", markup=False, soft_wrap=True)
+    if hint:  # printed without markup: hidden passwords, no escapes (a `[torch]` stays as written)
+        from polarproxy.store.urls import hide_passwords
+
+        err.print(hide_passwords(hint), style="dim", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

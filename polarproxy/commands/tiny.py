@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from polarproxy.commands.support import fail
+from polarproxy.commands.support import fail, need
 
 
 def _check_target(out: Path, force: bool) -> None:
@@ -43,6 +43,7 @@ def tiny_model(
     ] = False,
 ) -> None:
     """Build a tiny Qwen3-architecture model, tokenizer and chat template, offline."""
+    need("torch", "tiny-model", "torch")
     from rich.progress import Progress
 
     from polarproxy.tiny import DEFAULT_TRAIN_STEPS, build_tiny_model

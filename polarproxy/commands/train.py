@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from polarproxy.commands.enums import SOURCES, Advantages, PauseMode, StdEstimator, Strategy, SyncKind
-from polarproxy.commands.support import fail, print_json, usage_fail
+from polarproxy.commands.support import fail, need, print_json, usage_fail
 
 if TYPE_CHECKING:
     from polarproxy.train.config import TrainConfig
@@ -166,6 +166,7 @@ def train_command(**options: Any) -> None:
     and metrics."""
     from polarproxy.train.config import TrainConfig
 
+    need("torch", "train", "torch")
     names = {f.name for f in dataclasses.fields(TrainConfig) if "help" in f.metadata}
     _train(
         TrainConfig(**{k: _plain(v) for k, v in options.items() if k in names}),
