@@ -1,11 +1,13 @@
 """A small tool-calling agent: the kind of harness polarproxy records, in one file.
 
 It speaks OpenAI Chat Completions with streaming to $OPENAI_BASE_URL (which `polarproxy record` sets),
-offers two real tools over the current directory (list_files, read_file), runs them when the model asks,
-and stops when the model answers without a tool call. It knows nothing about polarproxy: only the tool
+offers two real tools over its workspace (list_files, read_file), runs them when the model asks, and
+stops when the model answers without a tool call. The workspace is `--workspace DIR`, else the current
+directory; run from the repository root (as the README does) it is `examples/workspace/`, so the model is
+not shown the whole checkout. It knows nothing about polarproxy: only the tool
 definitions and prompts come from the tiny model's script, so the tiny model plays along.
 
-    polarproxy record --backend URL --model DIR -- python examples/tool_agent.py
+    polarproxy record --backend URL --model DIR -- python examples/tool_agent.py [--workspace DIR] [PROMPT]
 
 Prints one JSON line per model call (what it streamed) and exits 0 when the model gave a final answer.
 """
@@ -23,6 +25,15 @@ import httpx
 from polarproxy.tiny.script import SYSTEM_PROMPT, TOOLS, USER_PROMPTS
 
 MAX_TURNS = 6
+HERE = Path(__file__).resolve().parent
+
+
+def workspace(given: str | None) -> Path:
+    """`--workspace DIR`, else the current directory, but never the whole checkout."""
+    if given:
+        return Path(given)
+    cwd = Path.cwd().resolve()
+    return HERE / "workspace" if cwd == HERE.parent else cwd
 
 
 def run_tool(name: str, arguments: str) -> str:
@@ -94,7 +105,13 @@ def stream_call(client: httpx.Client, url: str, body: dict) -> tuple[dict, dict]
 def main() -> int:
     base = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1").rstrip("/")
     key = os.environ.get("OPENAI_API_KEY", "none")
-    prompt = sys.argv[1] if len(sys.argv) > 1 else USER_PROMPTS[0]
+    args = sys.argv[1:]
+    given = None
+    if "--workspace" in args:
+        i = args.index("--workspace")
+        given, args = args[i + 1], args[:i] + args[i + 2 :]
+    os.chdir(workspace(given))
+    prompt = args[0] if args else USER_PROMPTS[0]
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": prompt}]
     with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=300) as client:
         for turn in range(MAX_TURNS):

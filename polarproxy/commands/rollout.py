@@ -190,7 +190,7 @@ def rollout(
             serve=serve,
             control_token=control_token,
             runner=runner,
-            command=list(command) if command else None,
+            command=_resolved(list(command)) if command else None,
             preset=preset,
             api=chosen_api,
             model_name=model_name or (cfg.model.name if cfg is not None else "default"),
@@ -242,6 +242,16 @@ def _ray_target(ray: str | None, serve: str | None, db: str | None) -> Any:
     except UsageError as e:
         usage_fail(e.message, e.hint)
     return target
+
+
+def _resolved(command: list[str]) -> list[str]:
+    """The agent command with each path argument that names a file here (`examples/rollout/agent.py`, as
+    given from the folder rollout runs in) made absolute: the harness runs in each workspace copy, where a
+    relative path would name nothing. A bare name (`agent.py`) stays: it may be the workspace's own."""
+    return [
+        str(Path(a).resolve()) if "/" in a and not a.startswith(("-", "/")) and Path(a).is_file() else a
+        for a in command
+    ]
 
 
 def _preset(harness: str | None) -> Any:

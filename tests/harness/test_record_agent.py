@@ -165,3 +165,18 @@ def test_show_and_ls_read_the_episode(recorded):
     )
     assert show.returncode == 0, show.stderr
     assert "list_files" in show.stdout and "Done." in show.stdout
+
+
+def test_the_example_agent_run_from_the_repository_root_looks_at_its_own_small_workspace(monkeypatch):
+    """The README's `record ... -- python examples/tool_agent.py` runs in the checkout's root: the agent's
+    tools then look at examples/workspace/, not the whole checkout (.venv included: a 2.9 M-token prompt)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tool_agent", REPO / "examples" / "tool_agent.py")
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    monkeypatch.chdir(REPO)
+    ws = agent.workspace(None)
+    assert ws == REPO / "examples" / "workspace"
+    monkeypatch.chdir(ws)
+    assert agent.run_tool("list_files", '{"path": "."}').split("\n") == ["README.md", "main.py"]

@@ -209,3 +209,17 @@ def test_rollout_against_a_running_serve_through_its_control_api(
         }
     finally:
         store.close()
+
+
+def test_the_readme_agent_path_relative_to_the_checkout_runs_in_every_workspace(
+    stub_backend, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`rollout ... -- python examples/rollout/agent.py` from the repository root, as the README writes it:
+    the path names the checkout's file, not one in each workspace copy (where every episode used to exit 2
+    with no call)."""
+    args = _args(stub_backend.url, tiny_model_dir, tmp_path / "r.db")
+    args[-1] = "examples/rollout/agent.py"
+    proc = run_rollout(*args, timeout=300)  # in the repository root
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["states"] == {"done": 2} and summary["tasks"]["greet"]["rewards"] == [1.0]
