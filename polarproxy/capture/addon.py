@@ -23,6 +23,7 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 
 from polarproxy.capture import inprocess
+from polarproxy.capture.bodies import BodyError, check_depth, read_body, too_large
 from polarproxy.capture.gateway import JSON_HEADERS, Gateway, PendingCall
 from polarproxy.capture.responder import Responder
 from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
@@ -251,8 +252,8 @@ class Recorder:
             message = f"polarproxy cannot serve: {self._failed}"
             flow.response = http.Response.make(503, dialect.error(503, message, "unavailable"), JSON_HEADERS)
             return
-        if self.gateway is None or self.responder is None or self.writer is None:
-            return
+        if self.gateway is None or self.responder is None or self.writer is None or flow.response is not None:
+            return  # (a response already: refused at its headers)
         try:
             await self._serve(flow)
         except Exception as e:  # fail closed: a request this hook did not finish never reaches the backend
@@ -303,6 +304,12 @@ class Recorder:
             flow.response = http.Response.make(400, dialect.error(400, message, "no_episode"), JSON_HEADERS)
             return
         await self.writer.ensure_episode(episode, EpisodeStart(command=["serve"]))
+        limit = self.gateway.options.max_body_bytes
+        try:
+            body: bytes | None = read_body(req.raw_content or b"", req.headers.get("content-encoding"), limit)
+            refused = None
+        except BodyError as e:  # refused before anything is parsed; recorded with what fits of the body
+            body, refused = None, e
         start = CallStart(
             episode_id=episode,
             dialect=dialect.name,
@@ -311,16 +318,18 @@ class Recorder:
             model="",
             stream=False,
             request_headers=redact_headers(req.headers.items(multi=True)),
-            request_body=req.get_text(strict=False) or "",
+            request_body=(body or b"").decode("utf-8", errors="replace"),
             conversation=None,
             prompt_ids=[],
             started_at=time.time(),
         )
         try:
-            conv = self.resent.parse(
-                dialect, episode, req.content or b"", path=bare_path, query=dict(req.query)
-            )
-        except DialectError as e:
+            if refused is not None:
+                raise refused
+            conv = self.resent.parse(dialect, episode, body or b"", path=bare_path, query=dict(req.query))
+            for tool in conv.tools:
+                check_depth(tool.parameters, what=f"Tool {tool.name!r}'s parameters")
+        except (DialectError, BodyError) as e:
             await self.gateway.record_failure(
                 start, status="failed", error=f"bad request: {e.message}", http_status=e.status
             )
@@ -369,6 +378,19 @@ class Recorder:
         req.headers.clear()
         req.headers["host"] = f"127.0.0.1:{self.responder.port}"
         req.content = b""
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """A body announced past the bound is refused before mitmproxy reads it."""
+        if self.gateway is None or flow.request.path.startswith(CONTROL_PREFIX):
+            return
+        limit = self.gateway.options.max_body_bytes
+        length = flow.request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            dialect = route(flow.request.method, flow.request.path.partition("?")[0]) or OPENAI_CHAT
+            e = too_large(int(length), limit)
+            flow.response = http.Response.make(
+                e.status, dialect.error(e.status, e.message, e.code), JSON_HEADERS
+            )
 
     async def responseheaders(self, flow: http.HTTPFlow) -> None:
         if META_KEY not in flow.metadata or flow.response is None:

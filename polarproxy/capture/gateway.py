@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from polarproxy.backends.base import Backend, BackendError, GenerateParams, Generation
+from polarproxy.capture.bodies import MAX_BODY_BYTES
 from polarproxy.conversation import Completion, Conversation, FinishReason, Usage
 from polarproxy.dialects.base import Dialect, StreamWriter, answer_signature
 from polarproxy.render.decoder import OutputDecoder, output_decoder
@@ -106,6 +107,7 @@ class GatewayOptions:
     tool_format: str | None = None  # hermes | qwen-xml | llama-json | deepseek | mistral | harmony
     reasoning_format: str | None = None  # think | none
     prefix_policy: str = "extend"  # extend (T2) | fresh (every call rendered as the template does)
+    max_body_bytes: int = MAX_BODY_BYTES  # `--max-body-bytes`: a request body's bound, after decompression
 
 
 class StoreLike(Protocol):

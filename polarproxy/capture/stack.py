@@ -11,6 +11,7 @@ from pathlib import Path
 
 from polarproxy.backends.base import Backend, BackendError
 from polarproxy.backends.selection import SelectionError, make_backend, open_backend
+from polarproxy.capture.bodies import MAX_BODY_BYTES
 from polarproxy.capture.gateway import Gateway, GatewayOptions
 from polarproxy.capture.recording import create_recorded_episode, open_recording_store
 from polarproxy.errors import UsageError
@@ -43,6 +44,7 @@ class ProxyConfig:
     reasoning_format: str | None = None  # think | none
     # `serve --control-token` / POLARPROXY_CONTROL_TOKEN: the control API and harness calls need it / a key
     control_token: str | None = None
+    max_body_bytes: int = MAX_BODY_BYTES  # `--max-body-bytes`: a request body's bound, after decompression
 
 
 @dataclass
@@ -73,6 +75,7 @@ async def open_stack(cfg: ProxyConfig, *, defer_tokenizer: bool = True) -> Stack
             prefix_policy=cfg.prefix_policy,
             tool_format=cfg.tool_format,
             reasoning_format=cfg.reasoning_format,
+            max_body_bytes=cfg.max_body_bytes,
         ),
     )
     gateway.prefixes.loader = store_turns(store, renderer)  # T2 across proxies: the store backs the index

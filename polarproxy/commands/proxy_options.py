@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from polarproxy.commands.enums import BackendKind, BackendMode, PrefixPolicy, ReasoningFormat, ToolFormat
-from polarproxy.commands.support import fail
+from polarproxy.commands.support import fail, usage_fail
 
 BackendOpt = Annotated[
     str | None,
@@ -36,6 +36,13 @@ BackendModeOpt = Annotated[
     ),
 ]
 MaxTokensOpt = Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")]
+MaxBodyOpt = Annotated[
+    str,
+    typer.Option(
+        "--max-body-bytes",
+        help="Refuse a request body over this size after decompression (413, before parsing): 32M, 64M.",
+    ),
+]
 
 
 PrefixPolicyOpt = Annotated[
@@ -95,6 +102,7 @@ def proxy_config(
     harness: str | None = None,
     task: str | None = None,
     group: str | None = None,
+    max_body_bytes: str = "32M",
 ) -> Any:
     """The `ProxyConfig` for these options, or `Error:` naming the option that is missing or wrong (checked
     before the proxy's modules are imported, so a mistake is told at once)."""
@@ -111,6 +119,12 @@ def proxy_config(
             "chat template the backend serves. `polarproxy tiny-model ./tiny` builds one.",
         )
     backend = check_backend_url(backend)
+    from polarproxy.sizes import parse_size
+
+    try:
+        body_cap = parse_size(max_body_bytes)
+    except ValueError as e:
+        usage_fail(f"--max-body-bytes: {e}")
     from polarproxy.capture.stack import ProxyConfig
 
     cfg = ProxyConfig(
@@ -123,6 +137,7 @@ def proxy_config(
         task=task,
         group_id=group,
         metadata={"model_dir": str(model.resolve())},
+        max_body_bytes=body_cap,
     )
     cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value
     cfg.prefix_policy = prefix_policy.value

@@ -13,6 +13,7 @@ from polarproxy.commands.proxy_options import (
     BackendKindOpt,
     BackendModeOpt,
     BackendOpt,
+    MaxBodyOpt,
     MaxTokensOpt,
     PrefixPolicyOpt,
     ReasoningFormatOpt,
@@ -156,6 +157,7 @@ def record(
         ),
     ] = 600.0,
     max_tokens: MaxTokensOpt = 4096,
+    max_body_bytes: MaxBodyOpt = "32M",
     prefix_policy: PrefixPolicyOpt = PrefixPolicy.extend,
     tool_format: ToolFormatOpt = None,
     reasoning_format: ReasoningFormatOpt = None,
@@ -259,6 +261,7 @@ def record(
         harness=preset.name if preset else None,
         task=task,
         group=group,
+        max_body_bytes=max_body_bytes,
     )
     verifier = None
     if reward_cmd is not None:

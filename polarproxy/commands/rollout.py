@@ -14,6 +14,7 @@ from polarproxy.commands.proxy_options import (
     BackendKindOpt,
     BackendModeOpt,
     BackendOpt,
+    MaxBodyOpt,
     MaxTokensOpt,
     proxy_config,
 )
@@ -50,6 +51,7 @@ def rollout(
     model: ModelOpt = None,
     db: DbOpt = None,
     max_tokens: MaxTokensOpt = 4096,
+    max_body_bytes: MaxBodyOpt = "32M",
     serve: Annotated[
         str | None,
         typer.Option("--serve", help="A running `polarproxy serve` (its URL) instead of --backend."),
@@ -182,6 +184,7 @@ def rollout(
             backend_kind=backend_kind,
             backend_mode=backend_mode,
             harness=harness,
+            max_body_bytes=max_body_bytes,
         )
     try:
         summary, ok = run_rollout(

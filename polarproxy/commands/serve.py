@@ -13,6 +13,7 @@ from polarproxy.commands.proxy_options import (
     BackendKindOpt,
     BackendModeOpt,
     BackendOpt,
+    MaxBodyOpt,
     MaxTokensOpt,
     PrefixPolicyOpt,
     ReasoningFormatOpt,
@@ -31,6 +32,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 8000,
     max_tokens: MaxTokensOpt = 4096,
+    max_body_bytes: MaxBodyOpt = "32M",
     prefix_policy: PrefixPolicyOpt = PrefixPolicy.extend,
     tool_format: ToolFormatOpt = None,
     reasoning_format: ReasoningFormatOpt = None,
@@ -65,6 +67,7 @@ def serve(
         prefix_policy=prefix_policy,
         tool_format=tool_format,
         reasoning_format=reasoning_format,
+        max_body_bytes=max_body_bytes,
     )
     cfg.host = host
     if control_token is not None and not control_token.strip():

@@ -57,3 +57,57 @@ def test_hostile_bodies_get_the_formats_own_4xx_and_the_proxy_keeps_serving(dial
     failed = [c for c in calls if c.status == "failed"]
     assert len(failed) == len(HOSTILE[dialect]) and all(c.error.startswith("bad request:") for c in failed)
     assert sum(c.status == "ok" for c in calls) == len(HOSTILE[dialect])
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_a_gzip_bomb_a_bad_gzip_and_a_deep_schema_are_refused_before_parsing(make_proxy, make_stub):
+    """A 200 KB gzip body of 200 MB is refused with 413 without being inflated (this process's memory stays
+    within a few MB); a body that does not decompress gets 400; a tool schema nested past the store's limit
+    400, each in the format's own shape and recorded as failed, and the proxy serves on."""
+    import gzip
+    import zlib
+
+    import orjson
+
+    proxy = make_proxy(make_stub("Fine.").url)  # the proxy runs in this process: its memory is ours
+    path, valid = FORMATS["openai_chat"]("hi")
+    bomb_body = orjson.dumps({**valid, "messages": [{"role": "user", "content": "a" * (200 << 20)}]})
+    bomb = zlib.compress(bomb_body, 9)
+    del bomb_body
+    gz = gzip.compress(orjson.dumps(valid))
+    deep: dict = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"x": deep}}
+    tools = [{"type": "function", "function": {"name": "t", "parameters": deep}}]
+    with httpx.Client(base_url=proxy.url, timeout=120) as client:
+        before = _rss_mib()
+        r = client.post(
+            path, content=bomb, headers={"content-type": "application/json", "content-encoding": "deflate"}
+        )
+        grew = _rss_mib() - before
+        assert r.status_code == 413 and "max-body-bytes" in error_message("openai_chat", r.json()), r.text[
+            :300
+        ]
+        assert grew < 64, f"the bomb inflated: RSS grew {grew:.0f} MiB"
+        bad = client.post(
+            path,
+            content=b"\x1f\x8b not gzip",
+            headers={"content-type": "application/json", "content-encoding": "gzip"},
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_encoding"
+        ok = client.post(
+            path, content=gz, headers={"content-type": "application/json", "content-encoding": "gzip"}
+        )
+        assert ok.status_code == 200, ok.text[:300]  # a gzip body within the bound is served
+        nested = client.post(path, json={**valid, "tools": tools})
+        assert nested.status_code == 400 and "nest deeper" in error_message("openai_chat", nested.json())
+        assert client.post(path, json=valid).status_code == 200
+    calls = proxy.store.list_calls(proxy.episode_id)
+    assert sorted(c.http_status for c in calls if c.status == "failed") == [400, 400, 413]
