@@ -26,7 +26,6 @@ from polarproxy.capture.stack import ProxyConfig, Stack, close_stack, create_epi
 from polarproxy.harness.child import ChildExit, run_child, stop_harness
 from polarproxy.harness.env import PLACEHOLDER_KEY, base_urls, harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
-from polarproxy.store.errors import StoreError
 
 if TYPE_CHECKING:  # YAML is imported only with a preset, mitmproxy once the proxy starts (capture/early.py)
     from polarproxy.capture.proxy import RunningProxy
@@ -122,10 +121,20 @@ async def record(
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
         await proxy.close()
-        await stack.writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
+        try:  # a full disk or a lost database must not turn the harness's exit code into a traceback
+            await stack.writer.finish_episode(episode_id, status="ok" if rc == 0 else "failed", exit_code=rc)
+        except Exception as e:
+            print(
+                f"Error: the end of episode {episode_id} was not stored: {e}. `polarproxy db repair` ends it "
+                "once the store takes writes again.",
+                file=sys.stderr,
+            )
         if isinstance(verified, VerifierResult):
             verified_error = await _store_reward(stack, episode_id, verified)
-        await close_stack(stack)
+        try:
+            await close_stack(stack)
+        except Exception as e:
+            print(f"Error: the store did not close cleanly: {e}", file=sys.stderr)
     assert rc is not None  # set once the harness ended; anything else raised above
     return RecordOutcome(
         exit_code=rc,
@@ -164,6 +173,6 @@ async def _store_reward(stack: Stack, episode_id: str, result: VerifierResult) -
             calls=result.calls,
             origin=result.origin(),
         )
-    except (StoreError, ValueError) as e:
+    except Exception as e:  # StoreError, ValueError, or the spool's disk full as well
         return f"the verifier's reward was not stored: {e}"
     return None

@@ -137,3 +137,37 @@ def test_full_disk_for_database_and_spool_answers_503_naming_the_cause_and_keeps
         detail=lambda: "".join(served.stderr),
     )
     assert rows(db) == [(0, "ok", "question 0"), (1, "ok", "question 2")]  # nothing for the refused call
+
+
+def test_record_on_a_full_disk_exits_with_the_harness_code_and_no_traceback(
+    small_disk, stub, env, tiny_model_dir
+):
+    """The store's disk fills while `record`'s harness runs (the spool's too): the harness's call is refused
+    in its own shape, and `record` still exits with the harness's code, says `Error:` with the reason, and
+    prints no traceback."""
+    import sys
+
+    db = small_disk / "store.db"
+    env["POLARPROXY_SPOOL_DIR"] = str(small_disk / "spool")
+    trigger = small_disk.parent / "fill-now"
+    harness = (
+        "import os, sys, time, httpx; "
+        f"open({str(trigger)!r}, 'w').close(); "
+        f"[time.sleep(0.05) for _ in range(200) if not os.path.exists({str(trigger) + '.done'!r})]; "
+        "r = httpx.post(os.environ['OPENAI_BASE_URL'] + '/chat/completions', json={'model': 'm', "
+        "'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 8}, timeout=60); "
+        "print(r.status_code, flush=True); sys.exit(3)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polarproxy", "record", "--backend", stub.url, "--model", str(tiny_model_dir),
+         "--db", str(db), "--", sys.executable, "-c", harness],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    wait_for(lambda: trigger.exists() or proc.poll() is not None, 120, "the harness to start")
+    filler = fill(small_disk)
+    Path(str(trigger) + ".done").touch()
+    out, err = proc.communicate(timeout=120)
+    filler.unlink()
+    assert out.strip() == "503", (out, err[-2000:])
+    assert proc.returncode == 3, err[-2000:]
+    assert "Traceback" not in err and "Error:" in err, err[-2000:]
