@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -50,21 +51,34 @@ def episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
     ]
 
 
+_NUMERIC = ("exit", "calls", "tokens", "reward")
+
+
 def episodes_table(episodes: list[Episode], total: int | None = None) -> Table:
+    """The episodes as a table that fits a narrow terminal: IDs are never cut (they are what `show`,
+    `reward` and `delete` take), the command comes last and is what gives way."""
     shown = (
         f"{len(episodes)} of {total}" if total is not None and total != len(episodes) else str(len(episodes))
     )
-    table = Table(title=f"{shown} episodes", title_justify="left")
-    for col in ("id", "command", "task", "group", "exit", "calls", "tokens", "reward", "status", "started"):
+    table = Table(
+        title=f"{shown} episodes",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("id", "task", "group", "exit", "calls", "tokens", "reward", "status", "started", "command"):
         table.add_column(
             col,
-            no_wrap=col != "command",
-            justify="right" if col in ("exit", "calls", "tokens", "reward") else "left",
+            no_wrap=col not in ("group", "command"),
+            min_width=max((len(e.id) for e in episodes), default=2) if col == "id" else None,
+            overflow="fold" if col == "group" else "ellipsis",
+            justify="right" if col in _NUMERIC else "left",
+            ratio=1 if col == "command" else None,
         )
     for e in episodes:
         table.add_row(
             e.id,
-            " ".join(e.command),
             e.task or "-",
             e.group_id or "-",
             "-" if e.exit_code is None else str(e.exit_code),
@@ -72,9 +86,14 @@ def episodes_table(episodes: list[Episode], total: int | None = None) -> Table:
             str(e.tokens),
             _reward(e.reward),
             Text(e.status, style=STATUS_STYLE.get(e.status, "")),
-            _when(e.started_at),
+            _short_when(e.started_at),
+            " ".join(e.command),
         )
     return table
+
+
+def _short_when(ts: float | None) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(ts)) if ts else "-"
 
 
 def episodes_plain(episodes: list[Episode]) -> list[str]:

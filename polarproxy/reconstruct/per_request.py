@@ -32,6 +32,8 @@ def call_metadata(call: Call | TokenCall, episode: Episode | None) -> dict[str, 
         "backend_kind": call.backend_kind,
         "call_status": call.status,
         "has_tools": call.has_tools,
+        # the task's and the rollout's (rollout_id, task_id, sample), as the episode was created with them
+        "episode_metadata": dict(episode.metadata) if episode else {},
     }
 
 

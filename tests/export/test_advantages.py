@@ -159,6 +159,8 @@ def test_an_export_with_advantages_writes_them_per_row_and_counts_what_it_left_o
         "estimator": "grpo",
         "scale_rewards": "group",
         "std_estimator": "sample",
+        "excluded_failed": 0,
+        "failed_as_zero": 0,
         "groups": 2,
         "episodes": 2,
         "episodes_without_reward": 1,

@@ -92,6 +92,7 @@ def test_reward_and_group_come_from_the_episode_and_a_call_reward_overrides(reco
         "backend_kind": "sglang",
         "call_status": "ok",
         "has_tools": True,
+        "episode_metadata": episodes[ep1].metadata,  # the task's and the rollout's keys
     }
     calls = list(store.iter_calls([ep1], status="ok"))
     calls[1].reward = 0.25
