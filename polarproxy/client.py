@@ -70,11 +70,17 @@ def _check(r: httpx.Response) -> Any:
 
 
 def _episode_body(
-    task: str | None, group: str | None, harness: str | None, metadata: dict[str, Any] | None
+    task: str | None,
+    group: str | None,
+    harness: str | None,
+    metadata: dict[str, Any] | None,
+    command: list[str] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"task": task, "group": group, "harness": harness}
     if metadata:
         body["metadata"] = metadata
+    if command:
+        body["command"] = command
     return body
 
 
@@ -143,8 +149,10 @@ class Client:
         group: str | None = None,
         harness: str | None = None,
         metadata: dict[str, Any] | None = None,
+        command: list[str] | None = None,
     ) -> EpisodeHandle:
-        body = _episode_body(task, group, harness, metadata)
+        """A new episode; `command`: the harness's command line, shown by `ls` (secrets redacted)."""
+        body = _episode_body(task, group, harness, metadata, command)
         return _handle(_check(self._http.post("/polarproxy/v1/episodes", json=body)))
 
     def reward(self, episode_id: str, reward: float, *, call: int | None = None) -> dict[str, Any]:
@@ -245,8 +253,9 @@ class AsyncClient:
         group: str | None = None,
         harness: str | None = None,
         metadata: dict[str, Any] | None = None,
+        command: list[str] | None = None,
     ) -> EpisodeHandle:
-        body = _episode_body(task, group, harness, metadata)
+        body = _episode_body(task, group, harness, metadata, command)
         return _handle(_check(await self._http.post("/polarproxy/v1/episodes", json=body)))
 
     async def reward(self, episode_id: str, reward: float, *, call: int | None = None) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Routes (JSON in and out; with a control token, each needs `Authorization: Bearer TOKEN`):
 
     GET  /health                                   status, version, uptime, default episode (no token needed)
-    POST /polarproxy/v1/episodes                   {task, group, harness, metadata} -> {episode_id, api_key, base_urls}
+    POST /polarproxy/v1/episodes                   {task, group, harness, metadata, command}
+                                                   -> {episode_id, api_key, base_urls}
     GET  /polarproxy/v1/episodes?status=&task=&group=&limit=
     POST /polarproxy/v1/episodes/{id}/finish       {exit_code, reward}
     POST /polarproxy/v1/episodes/{id}/reward       {reward, call} (the addon stores it; never with an episode key)
@@ -51,6 +52,7 @@ from polarproxy.control.routes import Refusal, Routes, request_key
 from polarproxy.control.stream import collect, decode_cursor, encode_cursor
 from polarproxy.harness.env import base_urls
 from polarproxy.loopback import is_json, loopback_host
+from polarproxy.redact import redact_argv
 from polarproxy.store import keys
 from polarproxy.store.ids import EPISODE_ID, EPISODE_ID_RULE
 from polarproxy.store.query import EpisodeQuery
@@ -289,16 +291,21 @@ class Control:
         return True
 
     async def _create(self, flow: http.HTTPFlow) -> None:
-        body = _body(flow, {"task", "group", "harness", "metadata"})
+        body = _body(flow, {"task", "group", "harness", "metadata", "command"})
         for name in ("task", "group", "harness"):
             if body.get(name) is not None and not isinstance(body[name], str):
                 raise BadRequest(f"'{name}' must be a string, got {body[name]!r}.")
+        command = body.get("command") or ["serve"]
+        if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+            raise BadRequest(
+                f"'command' must be a list of strings (the harness's command line), got {command!r}."
+            )
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise BadRequest(f"'metadata' must be a JSON object, got {metadata!r}.")
         episode_id = await self.writer.create_episode(
             EpisodeStart(
-                command=["serve"],
+                command=redact_argv(command),
                 harness=body.get("harness"),
                 task=body.get("task"),
                 group_id=body.get("group"),

@@ -39,7 +39,13 @@ class Episodes(Protocol):
     db: str
 
     def create(
-        self, *, task: str, group: str, harness: str | None, metadata: dict[str, str]
+        self,
+        *,
+        task: str,
+        group: str,
+        harness: str | None,
+        metadata: dict[str, str],
+        command: list[str] | None = None,
     ) -> EpisodeHandle: ...
 
     def end(self, episode_id: str, *, exit_code: int, result: VerifierResult | None) -> None:
@@ -89,10 +95,21 @@ class ControlEpisodes:
         self._do(self.client.episodes, limit=1)
 
     def create(
-        self, *, task: str, group: str, harness: str | None, metadata: dict[str, str]
+        self,
+        *,
+        task: str,
+        group: str,
+        harness: str | None,
+        metadata: dict[str, str],
+        command: list[str] | None = None,
     ) -> EpisodeHandle:
         handle: EpisodeHandle = self._do(
-            self.client.create_episode, task=task, group=group, harness=harness, metadata=metadata
+            self.client.create_episode,
+            task=task,
+            group=group,
+            harness=harness,
+            metadata=metadata,
+            command=command,
         )
         return handle
 
@@ -145,6 +162,9 @@ class LocalGateway(ControlEpisodes):
         if self._error is not None:
             raise self._error
         super().__init__(self.proxy.url, self.token)
+        from polarproxy.store.urls import display_url
+
+        self.db = display_url(self.stack.store.url)  # where the episodes are stored (not the gateway's URL)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)

@@ -204,6 +204,7 @@ def execute(job: Job, s: Settings) -> None:
         group=group_id(s, job.task),
         harness=s.harness,
         metadata={**job.task.metadata, **s.metadata, **metadata},
+        command=command,
     )
     job.episode = handle
     env = episode_env(job, s, handle)

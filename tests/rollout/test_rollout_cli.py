@@ -223,3 +223,7 @@ def test_the_readme_agent_path_relative_to_the_checkout_runs_in_every_workspace(
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["states"] == {"done": 2} and summary["tasks"]["greet"]["rewards"] == [1.0]
+    assert summary["db"].endswith(str(tmp_path / "r.db"))  # the store, not the gateway's URL
+    with Store.open(str(tmp_path / "r.db")) as store:  # each episode shows the agent's command, not `serve`
+        commands = {tuple(e.command) for e in store.list_episodes(limit=None) if e.task}
+    assert commands == {(sys.executable, str(AGENT))}

@@ -27,7 +27,7 @@ class MemoryEpisodes:
         self.rewards: dict[str, list[VerifierResult]] = {}
         self._prior = prior or []
 
-    def create(self, *, task, group, harness, metadata) -> EpisodeHandle:
+    def create(self, *, task, group, harness, metadata, command=None) -> EpisodeHandle:
         eid = f"ep-{task}-{metadata['sample']}"
         with self.lock:
             self.created[eid] = {"task": task, "group": group, "metadata": metadata}
