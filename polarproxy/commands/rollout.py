@@ -207,7 +207,7 @@ def rollout(
             reward_from=reward_from.value,
             timeouts=(setup_timeout, timeout, verify_timeout),
             db=db,
-            progress=not json_out and sys.stderr.isatty(),
+            progress=sys.stderr.isatty(),  # on stderr: --json keeps stdout for the summary
             ray=ray_target,
             sandbox={
                 "pass_env": list(pass_env or []),
