@@ -71,7 +71,9 @@ def export(
     since: Annotated[
         str | None, typer.Option(help="Only episodes started since (ISO time, or an age: 24h, 7d).")
     ] = None,
-    harness: Annotated[str | None, typer.Option(help="Only episodes of this harness.")] = None,
+    harness: Annotated[
+        list[str] | None, typer.Option(help="Only episodes of this harness (repeatable: any of them).")
+    ] = None,
     model_name: Annotated[
         str | None, typer.Option("--model-name", help="Only calls asking for this model name (glob).")
     ] = None,
@@ -158,7 +160,7 @@ def export(
             status=status,
             min_reward=min_reward,
             since=parse_time_option("--since", since) if since is not None else None,
-            harness=harness,
+            harness=(harness[0] if len(harness) == 1 else tuple(harness)) if harness else None,
             model_name=model_name,
             task=task,
             group=group,

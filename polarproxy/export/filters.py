@@ -27,7 +27,7 @@ class ExportFilters:
     status: str | None = None
     min_reward: float | None = None
     since: float | None = None
-    harness: str | None = None
+    harness: str | Sequence[str] | None = None  # `--harness`, repeatable: any of them
     model_name: str | None = None
     task: str | None = None
     group: str | None = None
@@ -56,7 +56,8 @@ class ExportFilters:
         """The episode conditions in Python, for episodes that did not come through `query()`."""
         checks = (
             self.status is None or ep.status == self.status,
-            self.harness is None or ep.harness == self.harness,
+            self.harness is None
+            or (ep.harness == self.harness if isinstance(self.harness, str) else ep.harness in self.harness),
             self.task is None or ep.task == self.task,
             self.group is None or ep.group_id == self.group,
             self.since is None or ep.started_at >= self.since,
@@ -83,7 +84,9 @@ class ExportFilters:
             "status": self.status,
             "min_reward": self.min_reward,
             "since": self.since,
-            "harness": self.harness,
+            "harness": self.harness
+            if self.harness is None or isinstance(self.harness, str)
+            else list(self.harness),
             "model_name": self.model_name,
             "task": self.task,
             "group": self.group,

@@ -26,7 +26,7 @@ class EpisodeQuery:
     task: str | None = None
     group_id: str | None = None
     status: str | None = None
-    harness: str | None = None
+    harness: str | Sequence[str] | None = None  # one harness, or any of several
     since: float | None = None
     min_reward: float | None = None
     episode_ids: Sequence[str] | None = None
@@ -45,8 +45,10 @@ class EpisodeQuery:
             out.append(E.c.group_id == self.group_id)
         if self.status is not None:
             out.append(E.c.status == self.status)
-        if self.harness is not None:
+        if isinstance(self.harness, str):
             out.append(E.c.harness == self.harness)
+        elif self.harness is not None:
+            out.append(E.c.harness.in_(list(self.harness)))
         if self.since is not None:
             out.append(E.c.started_at >= self.since)
         if self.min_reward is not None:

@@ -76,6 +76,8 @@ CASES = [
     (ExportFilters(status="ok"), ["a", "c", "d"]),
     (ExportFilters(min_reward=0.5), ["a", "c"]),
     (ExportFilters(harness="codex"), ["c"]),
+    (ExportFilters(harness=("codex", "pi")), ["a", "b", "c", "d"]),  # `--harness codex --harness pi`
+    (ExportFilters(harness=("codex", "aider"), status="ok"), ["c"]),
     (ExportFilters(task="t1"), ["a", "b"]),
     (ExportFilters(group="g1", status="failed"), ["b"]),
     (ExportFilters(since=time.time() + 3600), []),
