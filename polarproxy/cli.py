@@ -83,8 +83,8 @@ def main() -> None:
     single = name if any(name == c[0] for c in COMMANDS) else None
     if single == "record":
         # Its start-up is mostly imports (many objects, none of them garbage): the cyclic collector's passes
-        # over them are work for nothing, a few per cent of `record -- true` (docs/benchmarks.md, issue 12's
-        # tenth round). Paused until the proxy serves or is given up (`EarlyProxy.until_needed` resumes it).
+        # over them are work for nothing, a few per cent of `record -- true` (docs/benchmarks-history.md).
+        # Paused until the proxy serves or is given up (`EarlyProxy.until_needed` resumes it).
         gc.disable()
     try:
         make_app(single)()

@@ -3,7 +3,7 @@ collector's passes.
 
 A proxy process holds ~130 k tracked objects from its imports, none of them garbage. CPython's collector
 walks them all at each full pass: 0.1-0.2 s with the event loop stopped, a stall for every call in flight
-(docs/benchmarks.md, issue 12's tenth round). `settle` moves every object alive at that moment into the
+(docs/benchmarks-history.md). `settle` moves every object alive at that moment into the
 collector's permanent generation (`gc.freeze`, O(1)); the objects stay alive and freed by their reference
 counts as before, only a cycle among them is no longer found. It is called where a large import has just
 finished: mitmproxy serving (capture/mitm.py), a tokenizer loaded in the background (render/renderer.py),

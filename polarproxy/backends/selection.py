@@ -96,7 +96,7 @@ async def _check_kind(url: str, kind: str) -> dict[str, Any] | None:
 def _cumulative_stream_warning(url: str, info: dict[str, Any] | None) -> str | None:
     """What to tell a user whose SGLang server streams cumulatively (its /get_server_info says
     `incremental_streaming_output: false`), else None. Every event of such a stream repeats the whole answer
-    so far, so the proxy's CPU per streamed answer grows with the square of its length (docs/benchmarks.md:
+    so far, so the proxy's CPU per streamed answer grows with the square of its length (docs/benchmarks-history.md:
     a 4,096-token answer ~1.3 s against ~0.06 s incrementally, on 2 cores)."""
     if info is None or info.get("incremental_streaming_output") is not False:
         return None  # incremental, or a server without the setting: nothing to change

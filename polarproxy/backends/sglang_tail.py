@@ -4,7 +4,7 @@ SGLang streams cumulatively unless its server runs with `--incremental-streaming
 `POST /generate` repeats all output IDs and `[logprob, id, text]` triples so far. Parsing each event whole
 makes Python objects for every value again, so one answer of n tokens costs n²/2 of them: measured here,
 ~7 s of proxy CPU to read one 4,096-token answer, against ~0.09 s for the same answer streamed
-incrementally (docs/benchmarks.md).
+incrementally (docs/benchmarks-history.md).
 
 `cumulative_tail(data, have)` finds the two arrays with string searches (C speed, no object per value),
 parses only the elements after the first `have` and the event with both arrays cut out, and hands back

@@ -18,11 +18,11 @@ mitmproxy has no option for a server connection of one's own, so `HttpClient` (t
 a new server connection) is replaced, for the addresses registered here only, by one that installs
 `InProcessServer` instead of opening a socket (`install`). Where this mitmproxy lacks what that needs,
 `install` returns False and streams take the loopback hop as before. The figures that chose this are in
-docs/benchmarks.md ("Issue 12, fourteenth round").
+docs/benchmarks-history.md.
 
 A stream's head is given to mitmproxy before the first token, held by its `responseheaders` hook until
 the answer's real head is known (`HeldHead`; docs/how-it-works.md), and the head and first content reach
-the harness in one segment (`LayerSink.drain`): "Issue 12, twentieth round".
+the harness in one segment (`LayerSink.drain`) (docs/benchmarks-history.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ wait for anything else:
   HTTP/1.1 chunked encoding): the hop's cost then overlaps the backend's time to first token.
 
 The loopback endpoint's only client is mitmproxy in this same process, so it speaks just enough HTTP/1.1
-for that. The figures that chose this design are in docs/benchmarks.md.
+for that. The figures that chose this design are in docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

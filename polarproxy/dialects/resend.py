@@ -22,7 +22,7 @@ module does not read plainly goes to the whole parse, which gives the authoritat
 a body that is not an object, a messages member that is not an array of objects, a duplicate messages key,
 invalid JSON, any DialectError.
 
-Why (issue 12, docs/benchmarks.md): at 32k tokens a request is ~78 KB and ~128 messages. Its whole parse
+Why (measured, docs/benchmarks-history.md): at 32k tokens a request is ~78 KB and ~128 messages. Its whole parse
 and the T2 check that compares every message with the earlier call's were a third of what a long request
 cost the proxy beyond a short one. A reused `Message` is the same object as the earlier call's, so that
 check is an identity test, and the T2 index's recent calls of an episode share their messages instead of

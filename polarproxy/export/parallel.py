@@ -13,7 +13,7 @@ fork) give the same rows.
 All or nothing: a worker that fails makes the export fail with its error, and the old `out` stays as it was
 (atomic.py); part files are removed in every case. Where processes cannot be forked safely (not Linux, an
 in-memory database, a process running other Python threads, the plain reference path), the export runs as
-one job and says so (`jobs` in the summary). Measured (docs/benchmarks.md): it pays where building rows is
+one job and says so (`jobs` in the summary). Measured (docs/benchmarks-history.md): it pays where building rows is
 the work; each part is written twice (by its worker, unsynced, then into the file, which alone is synced)
 and Parquet parts are encoded again when appended, so disk-bound and Parquet exports gain nothing yet.
 """

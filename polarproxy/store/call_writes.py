@@ -2,7 +2,7 @@
 both for a writer's whole group commit in a fixed number of statements (a mixin of `Store`, which gives it
 `_write`, `_after_commit`, `_read` and the `RecentCalls` of bases.py).
 
-A group of begins is three statements whatever its size (issue 12): one UPDATE hands out the sequence numbers
+A group of begins is three statements whatever its size: one UPDATE hands out the sequence numbers
 of every episode in it (`next_seq + n ... RETURNING`), one SELECT checks the prompt bases chosen before the
 transaction (share-locked on PostgreSQL, so their outputs cannot change until the commit), and one
 executemany INSERTs the rows. A group of finishes is one executemany UPDATE. Everything is committed once,
@@ -299,7 +299,7 @@ class CallWritesMixin:
     def begin_call(self, start: CallStart, *, call_id: str | None = None) -> tuple[str, int]:
         """Insert an `in_flight` call and return (call_id, seq); it is on disk when this returns.
 
-        `call_id` (issue 5 part 5, the spool): an ID made by the caller with `new_call_id()`, so that a call
+        `call_id` (the spool): an ID made by the caller with `new_call_id()`, so that a call
         spooled while the database was down keeps its ID when it is replayed; default a new one.
 
         Defensively (the capture layer redacts first) secret headers and query parameters that arrive
@@ -338,7 +338,7 @@ class CallWritesMixin:
         """The Python half of `write_calls`, done before any transaction opens: packed prompts and outputs,
         JSON, the prompt bases chosen and the body edits. A writer that groups several runs into one `batch`
         prepares them all first, so that the write lock (SQLite's is the whole file's, from `BEGIN
-        IMMEDIATE`) is held only for the statements (issue 12). Raises what a bad write would (ValueError)."""
+        IMMEDIATE`) is held only for the statements. Raises what a bad write would (ValueError)."""
         return PreparedCalls(
             [self._prepare_begin(start, call_id or new_call_id()) for call_id, start in begins],
             [_finish_row(call_id, result, self.dialect) for call_id, result in finishes],

@@ -7,14 +7,14 @@ The driver's own transaction handling is switched off and SQLAlchemy's `begin` e
 the write lock from its first statement, across threads and processes. Before `BEGIN IMMEDIATE`, polarproxy's
 writers of one file take turns through an flock of `<file>-writelock` (`WriterTurns`): SQLite's own busy
 handler sleeps 1, 2, 5, 10, 15, 20, 25 ms... between tries, so with several writer processes its lock sat
-idle most of the time (issue 12); a released flock is taken within `TURN_POLL_MAX_S`. The flock only orders
+idle most of the time; a released flock is taken within `TURN_POLL_MAX_S`. The flock only orders
 polarproxy's writers: SQLite's lock is still what makes a transaction safe, and after `BUSY_TIMEOUT_S`
 without a turn (or when the side file cannot be opened) a writer goes ahead and waits on SQLite's lock alone.
 
 PostgreSQL (psycopg 3): a small connection pool per process; a pooled connection that sat idle for
 `PG_PING_IDLE_S` or more is pinged before it is handed out (one replaced by a server restart is not given
-to a write), one used moments ago is not: the writer's back-to-back group commits skip a round trip each
-(issue 12). A connection that dies between two quick uses fails that transaction like any outage (the
+to a write), one used moments ago is not: the writer's back-to-back group commits skip a round trip
+each. A connection that dies between two quick uses fails that transaction like any outage (the
 writer spools it, store/spool.py) and SQLAlchemy then replaces the pool's connections. Transactions are READ
 COMMITTED, and the writes that must be atomic are single statements (`UPDATE ... RETURNING` for a sequence
 number, which locks only that episode's row), so writers of different episodes never wait on each other.

@@ -127,7 +127,7 @@ class EpisodesMixin:
         """Episodes, newest first, with their call and token counts. `limit=None` returns all; `where`
         keeps only the episodes that match it (task, group, status, harness, start time, reward).
         `counts=False` leaves the counts out (`calls` and `tokens` None): the token count reads every call's
-        row, as much as an export of the 8k-token shape spends on 5 % of its work (docs/benchmarks.md)."""
+        row, as much as an export of the 8k-token shape spends on 5 % of its work (docs/benchmarks-history.md)."""
         query = self._episode_query(counts=counts)
         if where is not None:
             query = query.where(*where.conditions())

@@ -44,7 +44,7 @@ episodes = Table(
     Column("ended_at", Float),
     Column("metadata_json", Text, nullable=False),
     Column("next_seq", Integer, nullable=False, server_default="0"),
-    # m002_writers (issue 5 parts 4-6, store/owners.py): the process recording the episode; keep it last
+    # m002_writers (store/owners.py): the process recording the episode; keep it last
     Column("writer_id", String),
     Index("ix_episodes_started_at", "started_at"),
     Index("ix_episodes_status", "status"),
@@ -108,7 +108,7 @@ calls = Table(
     # m004: request_body and conversation_json as compressed edits of the prompt base's (textdelta.py);
     # then request_body is '' and conversation_json NULL. NULL: both are stored whole.
     Column("bodies_delta", LargeBinary),
-    # m005 (issue 11): the sampling temperature the backend was asked for (NULL: the backend's default), and
+    # m005: the sampling temperature the backend was asked for (NULL: the backend's default), and
     # the weight versions of a call's first and last answer chunks, which differ when weights changed mid-call
     Column("temperature", Float),
     Column("weight_version_first", String),
@@ -118,7 +118,7 @@ calls = Table(
     Index("ix_calls_prompt_base", "prompt_base_call_id"),  # m003: the calls that use a call as their base
 )
 
-# m005 (issue 11): where every reward came from, one row per reward set (the current values are
+# m005: where every reward came from, one row per reward set (the current values are
 # episodes.reward and calls.reward). `call_seq` NULL: the episode's reward. `source`: command (a verifier run
 # by `record --reward-cmd`), cli (`polarproxy reward`), http (POST /polarproxy/v1/episodes/ID/reward).
 rewards = Table(
@@ -138,7 +138,7 @@ rewards = Table(
     Index("ix_rewards_episode", "episode_id"),
 )
 
-# m006 (issue 14): episodes created through `serve`'s control API. `key_hash` is the SHA-256 of the API key the
+# m006: episodes created through `serve`'s control API. `key_hash` is the SHA-256 of the API key the
 # episode was given (the key itself is never stored); `finished_at` is set by the control API's finish.
 episode_keys = Table(
     "episode_keys",

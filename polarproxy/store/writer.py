@@ -9,7 +9,7 @@ writes to arrive: a group is what was already queued when the previous commit en
 after the commit (all of a group's at once, one wake-up of each event loop), so a call awaited here is on
 disk (T6). If a grouped transaction fails, its writes are retried one by one, so one bad write fails alone.
 
-On a SQLite file (issue 12) a group of call writes alone runs on the thread's own connection
+On a SQLite file a group of call writes alone runs on the thread's own connection
 (`Store.held_connection`), and a finish awaited while the writer is idle (nothing queued, nothing being
 applied, not spooling) is committed on the event loop's thread, on a second held connection that never
 waits: the call's last bytes then wait for one commit instead of two thread hand-offs to a thread on an
