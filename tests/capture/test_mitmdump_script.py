@@ -29,26 +29,7 @@ def test_mitmdump_loads_the_recorder_and_records_calls(make_stub, tiny_model_dir
     port = free_port()
     db = tmp_path / "m.db"
     proc = subprocess.Popen(
-        [
-            str(MITMDUMP),
-            "-q",
-            "--listen-host",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "--mode",
-            f"reverse:{stub.url}",
-            "-s",
-            str(REPO / "addons" / "polarproxy_recorder.py"),
-            "--set",
-            f"polarproxy_model={tiny_model_dir}",
-            "--set",
-            f"polarproxy_db={db}",
-            "--set",
-            "polarproxy_episode=ep_mitmdump",
-            "--set",
-            f"confdir={tmp_path / 'mitm'}",
-        ],
+        _mitmdump(port, stub.url, tiny_model_dir, db, tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
