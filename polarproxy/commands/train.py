@@ -258,7 +258,7 @@ def _train(
     from polarproxy.train.metrics import RichProgress
 
     try:
-        samples = load_samples(data)
+        samples = load_samples(data, warn=lambda message: typer.echo(f"Warning: {message}", err=True))
     except DataError as e:
         fail(str(e))
     from polarproxy.train.batching import plan_steps

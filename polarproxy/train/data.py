@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,37 @@ def samples_from_rows(rows: Iterable[dict[str, Any] | tuple[str, dict[str, Any]]
     return out
 
 
-def load_samples(paths: Sequence[str | os.PathLike[str]]) -> list[Sample]:
-    """The samples of every row in the files."""
-    return samples_from_rows(read_rows(paths))
+def load_samples(
+    paths: Sequence[str | os.PathLike[str]], *, warn: Callable[[str], None] | None = None
+) -> list[Sample]:
+    """The samples of every row in the files, each call trained once: a row of a later file whose calls
+    an earlier file already holds (a per-request and a prefix-merge export of the same episodes) is left
+    out, with a warning that counts them."""
+    samples = samples_from_rows(read_rows(paths))
+    if len(paths) < 2:
+        return samples
+    seen: set[str] = set()
+    kept: list[Sample] = []
+    dropped: dict[str, int] = {}
+    first_file: dict[str, str] = {}
+    for s in samples:
+        source = s.source.rsplit(":", 1)[0]
+        if s.call_ids and any(c in seen and first_file[c] != source for c in s.call_ids):
+            dropped[source] = dropped.get(source, 0) + 1
+            continue
+        for c in s.call_ids:
+            seen.add(c)
+            first_file.setdefault(c, source)
+        kept.append(s)
+    for source, n in dropped.items():
+        message = (
+            f"{n} rows of {source} hold calls an earlier --data file already has; each call is trained "
+            "once (pass one export per set of episodes)."
+        )
+        if warn is not None:
+            warn(message)
+        else:
+            warnings.warn(message, stacklevel=2)
+    if not kept:
+        raise DataError("No row is left once each call is taken once.")
+    return kept

@@ -84,3 +84,17 @@ def test_unknown_loss_aggregation_is_a_usage_error(tmp_path: Path, random_model_
 def test_missing_required_option_is_a_usage_error(tmp_path: Path) -> None:
     res = _run("--out", str(tmp_path / "o"))
     assert res.exit_code == 2
+
+
+def test_two_data_files_with_the_same_calls_train_each_call_once(tmp_path: Path, scored_rows, jsonl) -> None:
+    """A per-request and a prefix-merge export of the same episodes hold the same calls: the later file's
+    overlapping rows are left out, with a warning that counts them."""
+    from polarproxy.train.data import load_samples
+
+    first = jsonl(tmp_path / "a.jsonl", scored_rows)
+    again = jsonl(tmp_path / "b.jsonl", scored_rows)
+    told: list[str] = []
+    samples = load_samples([first, again], warn=told.append)
+    assert len(samples) == len(load_samples([first]))
+    assert sorted(c for s in samples for c in s.call_ids) == sorted({c for s in samples for c in s.call_ids})
+    assert len(told) == 1 and f"{len(samples)} rows of {again}" in told[0]
