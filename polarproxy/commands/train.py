@@ -37,8 +37,31 @@ def _command_params() -> tuple[list[inspect.Parameter], list[inspect.Parameter]]
         P(
             "out",
             kw,
+            default=None,
             annotation=Annotated[
-                Path, typer.Option("--out", help="Folder for checkpoints (OUT/step-N) and metrics.jsonl.")
+                Path | None,
+                typer.Option("--out", help="Folder for checkpoints (OUT/step-N) and metrics.jsonl."),
+            ],
+        ),
+        P(
+            "plan",
+            kw,
+            default=False,
+            annotation=Annotated[
+                bool,
+                typer.Option(
+                    "--plan",
+                    help="Print the run's memory and disk plan (from the model's config.json alone: nothing "
+                    "is loaded) and whether it fits --gpu-memory; train nothing.",
+                ),
+            ],
+        ),
+        P(
+            "gpu_memory",
+            kw,
+            default=78.0,
+            annotation=Annotated[
+                float, typer.Option("--gpu-memory", help="GiB the trainer's GPU offers (--plan).")
             ],
         ),
         P(
@@ -186,7 +209,9 @@ def _train(
     cfg: TrainConfig,
     *,
     model: Path,
-    out: Path,
+    out: Path | None,
+    plan: bool,
+    gpu_memory: float,
     data: list[Path] | None,
     sync: str | None,
     sync_kind: str,
@@ -204,6 +229,11 @@ def _train(
         cfg.check()
     except ValueError as e:
         usage_fail(str(e), "See `polarproxy train --help`.")
+    if plan:
+        _plan(model, cfg, gpu_memory, json_out=json_out)
+        return
+    if out is None:
+        usage_fail("Missing option '--out'.", "Pass --out DIR: the folder for checkpoints and metrics.jsonl.")
     if (follow is None) == (not data):
         usage_fail(
             "Pass either --data FILE (export files) or --follow URL (a running gateway), not both or neither.",
@@ -305,6 +335,42 @@ def _train(
             f"(weight version {result.weight_version})",
             err=True,
         )
+
+
+def _plan(model: Path, cfg: TrainConfig, gpu_memory: float, *, json_out: bool) -> None:
+    """`train --plan`: the memory and disk plan, from config.json alone."""
+    if not (model / "config.json").is_file():
+        fail(f"'{model}' has no config.json.", "Pass a model folder (config.json is enough for --plan).")
+    from polarproxy.train.plan import memory_plan, model_shape
+
+    try:
+        shape = model_shape(model)
+    except (OSError, ValueError, KeyError) as e:
+        fail(f"Cannot read the model's config in '{model}': {e}")
+    device = "cpu" if cfg.device == "cpu" else "cuda"
+    p = memory_plan(shape, cfg, device=device, gpu_memory_gib=gpu_memory)
+    if json_out:
+        print_json(p)
+        return
+    terms = (
+        "weights",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "autocast_weight_copies",
+        "reference_model",
+    )
+    lines = [
+        f"plan for {model} on {device}: {p['params']:,} parameters, {p['token_budget']} tokens per micro-batch"
+    ]
+    lines += [f"  {t.replace('_', ' '):<24}{p[t + '_gib']:>8.2f} GiB" for t in terms if p[t + "_bytes"]]
+    verdict = "fits" if p["fits"] else "does NOT fit"
+    lines.append(f"  peak{'':<20}{p['peak_gib']:>8.2f} GiB: {verdict} {gpu_memory:g} GiB")
+    lines.append(
+        f"  checkpoint {p['checkpoint_gib']:.2f} GiB ({p['checkpoint_with_optimizer_gib']:.2f} GiB with the "
+        f"optimizer state); sync {p['sync_gib']:.2f} GiB"
+    )
+    typer.echo("\n".join(lines))
 
 
 def _follow(model: Path, out: Path, cfg: TrainConfig, fcfg: FollowConfig, *, json_out: bool) -> None:

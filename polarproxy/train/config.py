@@ -67,8 +67,11 @@ class TrainConfig:
     min_lr_ratio: float = option(0.1, "Decay floor as a share of --lr.")
     weight_decay: float = option(0.0, "AdamW weight decay.")
     max_grad_norm: float = option(1.0, "Gradient clipping norm (0: off).")
-    gradient_checkpointing: bool = option(
-        False, "Recompute activations in backward.", flag="--gradient-checkpointing"
+    # None: on for CUDA (what fits a 4B model on one 80 GB card: train --plan), off on the CPU
+    gradient_checkpointing: bool | None = option(
+        None,
+        "Recompute activations in backward (default: on for CUDA, off on the CPU).",
+        flag="--gradient-checkpointing/--no-gradient-checkpointing",
     )
     device: str = option("auto", "Where to train.", choices=DEVICES)
     # autocast to bfloat16 on CUDA; the CPU path stays float32

@@ -74,14 +74,22 @@ def _device(cfg: TrainConfig) -> Any:
     return torch.device(cfg.device)
 
 
-def load_model(model_dir: str | os.PathLike[str], device: Any, *, trainable: bool = True) -> Any:
+def checkpointing(cfg: TrainConfig, device_type: str) -> bool:
+    """Whether activations are recomputed in backward: `--gradient-checkpointing`, by default on CUDA."""
+    return cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None else device_type == "cuda"
+
+
+def load_model(
+    model_dir: str | os.PathLike[str], device: Any, *, trainable: bool = True, dtype: Any = None
+) -> Any:
+    """The model in fp32 (the trainer's master weights), or `dtype` for a model that only scores."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype or torch.float32)
     except (OSError, ValueError) as e:
         raise TrainError(f"Cannot load a model from '{model_dir}': {e}") from e
     model.to(device)
@@ -133,11 +141,12 @@ class Trainer:
         self.start_dir = latest[1] if latest else Path(model_dir)
         self.step = latest[0] if latest else ckpt.read_version(model_dir)
         self.model = model = load_model(self.start_dir, device)
-        if cfg.gradient_checkpointing:
+        if checkpointing(cfg, device.type):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref_model = None
-        if cfg.kl_coef:
-            self.ref_model = load_model(cfg.ref_model or model_dir, device, trainable=False)
+        if cfg.kl_coef:  # on CUDA in bf16: it only scores (half the memory of fp32)
+            ref_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            self.ref_model = load_model(cfg.ref_model or model_dir, device, trainable=False, dtype=ref_dtype)
         self.layout = choose_layout(model, self.ref_model)
         if self.layout != "packed":
             log.warning(
@@ -151,7 +160,7 @@ class Trainer:
             lr=cfg.lr,
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
-            foreach=device.type == "cuda",
+            fused=device.type == "cuda",  # one kernel per step, no foreach temporary the size of the weights
         )
         if latest:
             state = ckpt.load_trainer_state(latest[1])

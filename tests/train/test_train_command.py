@@ -98,3 +98,30 @@ def test_two_data_files_with_the_same_calls_train_each_call_once(tmp_path: Path,
     assert len(samples) == len(load_samples([first]))
     assert sorted(c for s in samples for c in s.call_ids) == sorted({c for s in samples for c in s.call_ids})
     assert len(told) == 1 and f"{len(samples)} rows of {again}" in told[0]
+
+
+QWEN3_4B = {  # Qwen3-4B's config.json: the plan needs nothing else (no weights are read)
+    "architectures": ["Qwen3ForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 2560,
+    "intermediate_size": 9728, "max_position_embeddings": 40960, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000, "tie_word_embeddings": True, "vocab_size": 151936,
+}  # fmt: skip
+
+
+def test_the_plan_for_qwen3_4b_counts_its_parameters_and_fits_an_80_gb_card(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
+    res = _run("--plan", "--model", str(tmp_path), "--json")
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["params"] == 4_022_468_096 and plan["device"] == "cuda" and plan["gradient_checkpointing"]
+    assert plan["fits"] and plan["peak_gib"] <= 78  # the documented recipe (docs/rl.md)
+    terms = ("weights", "gradients", "optimizer_state", "reference_model", "autocast_weight_copies")
+    assert plan["peak_bytes"] >= sum(plan[f"{t}_bytes"] for t in terms) + plan["activations_bytes"]
+    assert plan["optimizer_state_bytes"] == 8 * plan["params"] and plan["optimizer_temporary_bytes"] == 0
+    # without gradient checkpointing the activations of 8,192 tokens no longer fit
+    res = _run("--plan", "--model", str(tmp_path), "--no-gradient-checkpointing", "--json")
+    assert json.loads(res.stdout)["fits"] is False
+    # --kl-coef adds a bf16 reference model: at 4,096 tokens per micro-batch it fits again
+    res = _run("--plan", "--model", str(tmp_path), "--kl-coef", "0.001", "--token-budget", "4096", "--json")
+    kl = json.loads(res.stdout)
+    assert kl["reference_model_bytes"] == 2 * kl["params"] and kl["fits"]
