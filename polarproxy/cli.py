@@ -29,6 +29,7 @@ COMMANDS = (
     ("reward", "polarproxy.commands.reward", "reward"),
     ("audit", "polarproxy.commands.audit", "audit"),
     ("train", "polarproxy.commands.train", "train_command"),
+    ("sync", "polarproxy.commands.sync", "sync_command"),
     ("rollout", "polarproxy.commands.rollout", "rollout"),
     ("db", "polarproxy.commands.db", "db_app"),
     ("rm", "polarproxy.commands.delete", "rm"),

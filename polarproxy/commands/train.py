@@ -316,7 +316,8 @@ def _train(
         except SyncError as e:
             fail(
                 f"Trained, but the backend did not take the checkpoint: {e}",
-                f"The checkpoint is in {result.checkpoint}; push it again with --sync once the backend answers.",
+                f"The checkpoint is in {result.checkpoint}; push it again once the backend answers: "
+                f"polarproxy sync {result.checkpoint} --backend {sync} --sync-kind {sync_kind}",
             )
     summary = {
         "checkpoint": str(result.checkpoint),

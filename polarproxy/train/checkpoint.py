@@ -1,8 +1,11 @@
 """Checkpoints: OUT/step-N/ is a model folder (save_pretrained weights + config, the tokenizer files and chat
 template of the model it started from) that `polarproxy backend --model` and `record` load, plus
-polarproxy.json (its weight version, an increasing integer as a string) and trainer_state.pt (optimizer
-state, for `--resume`). A checkpoint is written to a temporary folder and renamed into place, so a crash
-never leaves a half-written step-N that `--resume` would pick.
+polarproxy.json (its weight version, an increasing integer as a string) and, where the run saved it,
+trainer_state.pt (the optimizer state, for `--resume`, which continues from the newest checkpoint that has
+one). A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves a
+half-written step-N that `--resume` would pick. Its folder is group-readable (0750, files 0640), so a
+backend that runs as another user of the group can load it; `prune` keeps the newest `keep_last` and the
+newest with optimizer state.
 """
 
 from __future__ import annotations
@@ -55,6 +58,33 @@ def latest_checkpoint(out_dir: str | os.PathLike[str]) -> tuple[int, Path] | Non
     return found[-1] if found else None
 
 
+def resume_checkpoint(out_dir: str | os.PathLike[str]) -> tuple[int, Path] | None:
+    """Where `--resume` continues: the newest checkpoint with optimizer state, else the newest."""
+    found = checkpoints(out_dir)
+    with_state = [c for c in found if (c[1] / TRAINER_STATE).is_file()]
+    return (with_state or found or [None])[-1]
+
+
+def prune(out_dir: str | os.PathLike[str], keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` checkpoints and the newest one with optimizer state; the
+    deleted folders."""
+    found = checkpoints(out_dir)
+    keep = {p for _, p in found[-keep_last:]}
+    resumable = resume_checkpoint(out_dir)
+    if resumable is not None:
+        keep.add(resumable[1])
+    gone = [p for _, p in found if p not in keep]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def _readable_by_group(folder: Path) -> None:
+    folder.chmod(0o750)
+    for p in folder.rglob("*"):
+        p.chmod(0o750 if p.is_dir() else 0o640)
+
+
 def save_checkpoint(
     model: Any,
     source_dir: str | os.PathLike[str],
@@ -81,6 +111,7 @@ def save_checkpoint(
             torch.save({"optimizer": optimizer.state_dict(), "step": step}, tmp / TRAINER_STATE)
         info = {"weight_version": str(step), "step": step, "saved_at": time.time(), **(meta or {})}
         (tmp / META).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        _readable_by_group(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -77,7 +77,14 @@ class TrainConfig:
     # autocast to bfloat16 on CUDA; the CPU path stays float32
     bf16: bool = option(True, "bf16 autocast on CUDA.", flag="--bf16/--no-bf16")
     fused_loss: str = option("auto", "liger: liger-kernel's fused GRPO loss on CUDA.", choices=FUSED_LOSS)
-    save_every: int = option(0, "Checkpoint every N steps (0: at the end).")  # 0: only after the last step
+    # every step that saves writes its weights; the optimizer state (8 bytes a parameter) only every N steps
+    # and at the end of a run, which is where --resume continues from
+    save_every: int = option(
+        0, "Save the optimizer state (for --resume) every N steps, and at the end (0: only at the end)."
+    )
+    keep_last: int = option(
+        2, "Checkpoints to keep in --out; the newest one with optimizer state is never deleted."
+    )
     resume: bool = option(False, "Continue from the last checkpoint in --out.", panel=None, flag="--resume")
     seed: int = option(0, "Random seed.", panel=None)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -104,6 +111,8 @@ class TrainConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}.")
+        if self.keep_last < 1:
+            raise ValueError(f"--keep-last must be >= 1, got {self.keep_last}.")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"--max-completion-length must be >= 1, got {self.max_completion_length}.")
         if self.steps is not None and self.steps < 1:
@@ -122,6 +131,7 @@ class TrainConfig:
             "--warmup-steps": self.warmup_steps,
             "--rows-per-step": self.rows_per_step,
             "--save-every": self.save_every,
+            "--keep-last": self.keep_last,
             "--max-grad-norm": self.max_grad_norm,
             "--weight-decay": self.weight_decay,
         }.items():

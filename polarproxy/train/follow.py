@@ -285,9 +285,11 @@ class _Follower:
         self.buffer = [s for i, s in enumerate(self.buffer) if i not in picked]
         return rows
 
-    def save(self, trainer: Any) -> Path:
-        path: Path = trainer.save({"follow": {"url": _shown(self.fcfg.url), "cursor": self.stream.cursor}})
-        self.saved_step = trainer.step
+    def save(self, trainer: Any, *, optimizer_state: bool = True) -> Path:
+        meta = {"follow": {"url": _shown(self.fcfg.url), "cursor": self.stream.cursor}}
+        path: Path = trainer.save(meta, optimizer_state=optimizer_state)
+        if optimizer_state:  # where --resume would continue
+            self.saved_step = trainer.step
         self.result.checkpoint = path
         return path
 
@@ -331,8 +333,9 @@ class _Follower:
             r.rows_trained += len(rows)
             r.step, r.weight_version = trainer.step, str(trainer.step)
             sync = self.fcfg.sync_url is not None
-            if sync or (cfg.save_every and trainer.step % cfg.save_every == 0):
-                path = self.save(trainer)
+            resumable = bool(cfg.save_every) and trainer.step % cfg.save_every == 0
+            if sync or resumable:  # a sync needs the weights; the optimizer state only every --save-every
+                path = self.save(trainer, optimizer_state=resumable)
                 if sync:
                     self.sync(path, str(trainer.step))
             m |= {
@@ -349,7 +352,7 @@ class _Follower:
             r.stopped = "signal"
 
     def finish(self, trainer: Any | None) -> None:
-        """Checkpoint the steps taken since the last save."""
+        """Checkpoint, with the optimizer state, the steps taken since the last resumable save."""
         if trainer is not None and self.result.steps and self.saved_step != trainer.step:
             self.save(trainer)
         self.result.rows_pending = len(self.buffer)

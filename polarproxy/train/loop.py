@@ -133,6 +133,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
         latest = ckpt.latest_checkpoint(out)
+        if latest and cfg.resume:
+            latest = ckpt.resume_checkpoint(out)  # the newest with optimizer state
         if latest and not cfg.resume:
             raise TrainError(
                 f"'{out}' already holds checkpoints up to step-{latest[0]}. Pass --resume to continue from "
@@ -278,14 +280,17 @@ class Trainer:
             "advantage_mean": sum(s.advantage for s in chosen) / len(chosen),
         }
 
-    def save(self, extra_meta: dict[str, Any] | None = None) -> Path:
-        """Write OUT/step-{self.step}/ (weights, optimizer state, polarproxy.json with `extra_meta`)."""
+    def save(self, extra_meta: dict[str, Any] | None = None, *, optimizer_state: bool = True) -> Path:
+        """Write OUT/step-{self.step}/ (weights, polarproxy.json with `extra_meta`, and with `optimizer_state`
+        the optimizer's), then keep only the newest `keep_last` checkpoints and the newest resumable one."""
         from polarproxy.train import checkpoint as ckpt
 
         meta = self.meta | (extra_meta or {})
+        optimizer = self.optimizer if optimizer_state else None
         self.saved = ckpt.save_checkpoint(
-            self.model, self.start_dir, self.out, self.step, optimizer=self.optimizer, meta=meta
+            self.model, self.start_dir, self.out, self.step, optimizer=optimizer, meta=meta
         )
+        ckpt.prune(self.out, self.cfg.keep_last)
         return self.saved
 
 

@@ -111,3 +111,32 @@ def test_warmup_then_cosine_schedule() -> None:
     assert lrs[4] < 1.0 and lrs[-1] == pytest.approx(0.1)
     assert all(a >= b for a, b in itertools.pairwise(lrs[3:]))
     assert lr_at(100, TrainConfig(lr=0.5), horizon=1) == 0.5
+
+
+def test_keep_last_prunes_old_checkpoints_and_resume_takes_the_newest_with_optimizer_state(
+    tmp_path: Path, random_model_dir: Path, scored_rows
+) -> None:
+    """Only the newest --keep-last checkpoints stay, and the newest resumable one is never deleted; the
+    checkpoints are group-readable (a backend that runs as another user loads them)."""
+    import stat
+
+    from polarproxy.train import checkpoint as ckpt
+    from polarproxy.train.data import samples_from_rows
+    from polarproxy.train.loop import Trainer
+
+    out = tmp_path / "run"
+    samples = samples_from_rows(scored_rows)
+    trainer = Trainer(random_model_dir, out, TrainConfig(keep_last=2, **CFG))
+    trainer.run_step(samples, [0], 10)
+    trainer.save(optimizer_state=True)  # step-1: resumable
+    for _ in range(3):  # steps 2-4 with weights only, as `train --follow --sync` writes them
+        trainer.run_step(samples, [0], 10)
+        trainer.save(optimizer_state=False)
+    kept = [p.name for _, p in ckpt.checkpoints(out)]
+    assert kept == ["step-1", "step-3", "step-4"]  # the newest two, and the resumable one
+    assert ckpt.resume_checkpoint(out)[1].name == "step-1"
+    mode = (out / "step-4").stat().st_mode
+    assert mode & stat.S_IRGRP and mode & stat.S_IXGRP and not mode & stat.S_IWOTH
+    assert all(f.stat().st_mode & stat.S_IRGRP for f in (out / "step-4").iterdir())
+    result = train(scored_rows, random_model_dir, out, TrainConfig(steps=1, resume=True, keep_last=2, **CFG))
+    assert result.step == 2 and (out / "step-2" / TRAINER_STATE).is_file()  # continued from step-1

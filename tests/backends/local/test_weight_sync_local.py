@@ -233,3 +233,23 @@ def test_a_bad_checkpoint_fails_with_a_message_and_the_old_weights_keep_serving(
     sampled = [lp for lp, _, _ in answer["meta_info"]["output_token_logprobs"]]
     expected = teacher_forced(random_model_dir, PROMPT, answer["output_ids"])
     assert max(abs(a - b) for a, b in zip(sampled, expected, strict=True)) < TOLERANCE
+
+
+def test_polarproxy_sync_pushes_a_checkpoint_again_with_the_backends_key(
+    checkpoint: Path, random_model_dir: Path, monkeypatch
+):
+    """`polarproxy sync CHECKPOINT --backend URL`: what `train --sync` says to do when a sync failed; it
+    sends POLARPROXY_SYNC_API_KEY as `train --sync` does."""
+    from typer.testing import CliRunner
+
+    from polarproxy.cli import app
+
+    with LocalServer(ModelRunner(random_model_dir), weight_version="step-0", api_key="k-sync") as srv:
+        args = ["sync", str(checkpoint), "--backend", srv.url, "--sync-kind", "local", "--json"]
+        monkeypatch.delenv("POLARPROXY_SYNC_API_KEY", raising=False)
+        refused = CliRunner().invoke(app, args)
+        assert refused.exit_code == 1 and "401" in refused.stderr
+        monkeypatch.setenv("POLARPROXY_SYNC_API_KEY", "k-sync")
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.stdout)["weight_version"] == srv.httpd.weight_version != "step-0"
