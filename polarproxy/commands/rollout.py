@@ -87,6 +87,16 @@ def rollout(
         str,
         typer.Option(help="Most the evaluate stage copies of a workspace (512M, 4G; apparent sizes)."),
     ] = "1G",
+    max_procs: Annotated[int, typer.Option(help="Processes an episode may run at once (0: no limit).")] = 512,
+    max_memory: Annotated[
+        str, typer.Option(help="Memory of all an episode's processes together (8G; 0: no limit).")
+    ] = "8G",
+    max_file_size: Annotated[
+        str, typer.Option(help="Largest file an episode may write (4G; 0: no limit).")
+    ] = "4G",
+    max_cpu_seconds: Annotated[
+        int, typer.Option(help="CPU seconds each of an episode's processes may use (0: no limit).")
+    ] = 0,
     image: Annotated[
         str | None, typer.Option(help="Container image, for --isolation docker|apptainer.")
     ] = None,
@@ -154,6 +164,17 @@ def rollout(
         workspace_cap = parse_size(max_workspace_bytes)
     except ValueError as e:
         usage_fail(f"--max-workspace-bytes: {e}")
+    from polarproxy.rollout.limits import Limits
+
+    try:
+        memory_cap, file_cap = parse_size(max_memory), parse_size(max_file_size)
+    except ValueError as e:
+        usage_fail(f"--max-memory / --max-file-size: {e}")
+    if max_procs < 0 or max_cpu_seconds < 0:
+        usage_fail(
+            f"--max-procs {max_procs} and --max-cpu-seconds {max_cpu_seconds} must be >= 0 (0: no limit)."
+        )
+    limits = Limits(max_procs or None, memory_cap or None, file_cap or None, max_cpu_seconds or None)
     for name in pass_env or []:
         if not name or "=" in name:
             usage_fail(
@@ -213,6 +234,7 @@ def rollout(
                 "pass_env": list(pass_env or []),
                 "ro_binds": list(ro_bind or []),
                 "max_workspace_bytes": workspace_cap,
+                "limits": limits,
             },
         )
     except PolarproxyError as e:

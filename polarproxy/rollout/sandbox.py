@@ -33,6 +33,7 @@ from pathlib import Path
 from polarproxy.choices import ISOLATIONS
 from polarproxy.errors import UsageError
 from polarproxy.rollout import bridge
+from polarproxy.rollout.limits import EpisodeCgroup, Limits
 
 SOCKET_NAME = "gateway.sock"
 KILL_GRACE_S = 3.0
@@ -93,6 +94,7 @@ class SandboxSpec:
     hidden: list[Path] = field(default_factory=list)  # existing paths the harness must not see
     image: str | None = None  # docker / apptainer
     uid: int | None = None  # the host user the harness runs as (episode_uid); None: this process's
+    limits: Limits | None = None  # rlimits inside the sandbox (the cgroup's totals: run_process)
     ro_binds: list[Path] = field(default_factory=list)  # `--ro-bind PATH`: more of the host, read-only
 
 
@@ -189,6 +191,8 @@ class BwrapRunner(Runner):
             args += _parents(spec.socket_dir, binds, made)
             args += ["--ro-bind", str(spec.socket_dir), str(spec.socket_dir)]
         args += ["--chdir", str(spec.workspace), "--"]
+        if spec.limits is not None:  # set while still privileged: the episode's user cannot raise them
+            args += spec.limits.prlimit()
         if spec.uid is not None:
             args += ["setpriv", "--reuid", str(spec.uid), "--regid", str(spec.uid), "--clear-groups"]
             args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
@@ -435,6 +439,7 @@ class ProcessResult:
     stopped: bool = False  # ended by `cancel` (the group was accepted without it)
     duration_s: float = 0.0
     output_tail: str = ""
+    limit_hit: str | None = None  # the per-episode limit it ran into (limits.py), named as its option
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -458,9 +463,33 @@ def run_process(
     timeout_s: float | None,
     cancel: threading.Event | None = None,
     log: Path | None = None,
+    limits: Limits | None = None,
 ) -> ProcessResult:
     """Run argv in a session of its own; at the timeout, or when `cancel` is set, kill its whole process
-    group (SIGTERM, then SIGKILL). Output goes to `log` (its tail is returned)."""
+    group (SIGTERM, then SIGKILL). Output goes to `log` (its tail is returned). With `limits`, it runs in a
+    cgroup of its own (where one can be made) holding the process and memory totals."""
+    group = EpisodeCgroup.make(limits) if limits is not None else None
+    try:
+        result = _run_process(
+            argv if group is None else group.wrap(argv), cwd, env, stdin, timeout_s, cancel, log
+        )
+        if group is not None:
+            result.limit_hit = group.hit()
+        return result
+    finally:
+        if group is not None:
+            group.remove()
+
+
+def _run_process(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    stdin: bytes,
+    timeout_s: float | None,
+    cancel: threading.Event | None,
+    log: Path | None,
+) -> ProcessResult:
     t0 = time.monotonic()
     out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     try:

@@ -30,6 +30,7 @@ from polarproxy.harness.env import harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
 from polarproxy.rollout.copying import WorkspaceTooLarge, copy_workspace
 from polarproxy.rollout.episodes import Episodes, LocalGateway
+from polarproxy.rollout.limits import Limits
 from polarproxy.rollout.sandbox import ProcessResult, Runner, SandboxSpec, episode_uid, give_to, run_process
 from polarproxy.rollout.tasks import Task
 
@@ -63,6 +64,7 @@ class Job:
     evaluated: bool = False  # the verifier ran and its reward was stored
     episode_ended: bool = False
     uid: int | None = None  # the host user its sandbox runs as (sandbox.episode_uid)
+    limit_hit: str | None = None  # the per-episode limit its harness ran into (limits.py)
     queued: dict[str, float] = field(default_factory=dict)  # stage -> when it was queued
     started: dict[str, float] = field(default_factory=dict)
     ended: dict[str, float] = field(default_factory=dict)
@@ -104,6 +106,7 @@ class Settings:
     pass_env: list[str] = field(default_factory=list)  # `--pass-env NAME`: host variables passed on purpose
     ro_binds: list[Path] = field(default_factory=list)  # `--ro-bind PATH`: more of the host, read-only
     max_workspace_bytes: int | None = None  # the evaluate copy's cap (apparent sizes)
+    limits: Limits = field(default_factory=Limits)  # processes, memory, file size, CPU time per episode
     metadata: dict[str, str] = field(default_factory=dict)  # stored with every episode (a Ray node's ID)
 
 
@@ -137,6 +140,7 @@ def prewarm(job: Job, s: Settings) -> None:
             timeout_s=s.setup_timeout_s,
             cancel=job.cancel,
             log=job.dir / f"setup-{i}.log",
+            limits=s.limits,
         )
         if result.stopped:
             return
@@ -155,6 +159,7 @@ def _spec(workspace: Path, home: Path, s: Settings, uid: int | None, *, gateway:
         image=s.image,
         uid=uid,
         ro_binds=s.ro_binds,
+        limits=s.limits,
     )
 
 
@@ -220,11 +225,13 @@ def execute(job: Job, s: Settings) -> None:
             timeout_s=limit,
             cancel=job.cancel,
             log=job.dir / "harness.log",
+            limits=s.limits,
         )
     except OSError as e:
         job.exit_code = 127
         raise StageError(f"cannot start the harness {command[0]!r}: {e.strerror or e}") from e
     job.harness_timed_out = result.timed_out
+    job.limit_hit = result.limit_hit
     job.exit_code = EXIT_TIMEOUT if result.timed_out else EXIT_STOPPED if result.stopped else result.exit_code
     if (
         job.exit_code != 0
@@ -284,6 +291,8 @@ def evaluate(job: Job, s: Settings) -> None:
     if copied.skipped:
         skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(copied.skipped.items()))
         result.note = f"{result.note}; not copied for grading: {skipped}"
+    if job.limit_hit:  # the agent's doing: graded as it left things, and said
+        result.note = f"{result.note}; the harness ran over {job.limit_hit}"
     job.reward, job.reward_note = result.reward, result.note
     job.evaluated = True
     end_episode(job, s, result)

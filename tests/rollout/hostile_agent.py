@@ -35,6 +35,22 @@ def main() -> int:
         os.symlink(os.environ["HOST_SECRET_FILE"], "answer.txt")
     elif task == "import":  # the solution the verifier imports looks around the host when imported
         Path("solution.py").write_text(IMPORTED)
+    elif task == "fork-bomb":  # as many processes as it can: the episode's process limit stops it
+        import subprocess
+
+        started = []
+        try:
+            for _ in range(200):
+                started.append(subprocess.Popen(["sleep", "30"]))
+        except OSError:
+            pass
+        Path("started.txt").write_text(str(len(started)))
+        for p in started:
+            p.kill()
+    elif task == "memory-bomb":  # more memory than the episode has: killed, the limit named
+        hog = bytearray(1 << 30)
+        for i in range(0, len(hog), 4096):
+            hog[i] = 1
     return 0
 
 

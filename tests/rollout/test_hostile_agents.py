@@ -42,6 +42,8 @@ def test_hostile_agents_get_no_reward_and_reach_nothing_of_the_host(stub_backend
         _task(tasks, "import", "python3 -c 'import solution'"),
         # a setup command runs repository code: sandboxed too, it sees nothing of the host either
         _task(tasks, "setup", "true", setup=[f"test ! -e {secret} && test ! -e {db} && test ! -e /run"]),
+        _task(tasks, "fork-bomb", "true"),
+        _task(tasks, "memory-bomb", "true"),
     ]
     tasks_file = tmp_path / "tasks.jsonl"
     tasks_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -53,6 +55,7 @@ def test_hostile_agents_get_no_reward_and_reach_nothing_of_the_host(stub_backend
     }
     args = [str(tasks_file), "--backend", stub_backend.url, "--model", str(tiny_model_dir), "--db", str(db)]
     args += ["--isolation", "bwrap", "--json", "--verify-timeout", "120", "--concurrency", "2"]
+    args += ["--max-procs", "32", "--max-memory", "256M"]  # small: a regression cannot take the machine down
     args += ["--pass-env", "HOST_SECRET_FILE", "--pass-env", "PROBE_ABSENT"]
     args += ["--", sys.executable, str(HERE / "hostile_agent.py")]
     proc = subprocess.run(rollout_argv(*args), capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
@@ -65,6 +68,10 @@ def test_hostile_agents_get_no_reward_and_reach_nothing_of_the_host(stub_backend
         "import"
     ]  # graded in time: the setsid child held nothing
     assert by_task["setup"]["state"] == "done", by_task["setup"]
+    if os.geteuid() == 0:  # the limits are held by the episode's user and cgroup (root, as CI runs it)
+        assert by_task["fork-bomb"]["limit_hit"].startswith("--max-procs 32"), by_task["fork-bomb"]
+        assert by_task["memory-bomb"]["limit_hit"].startswith("--max-memory"), by_task["memory-bomb"]
+        assert "--max-memory" in by_task["memory-bomb"]["reward_note"]
     with Store.open(str(db)) as store:
         eps = {e.task: e for e in store.list_episodes(limit=None) if e.task}
         assert eps["self-reward"].reward == 0.0  # not the 1.0 it posted

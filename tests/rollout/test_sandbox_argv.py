@@ -105,8 +105,16 @@ def test_a_hidden_path_inside_a_bound_folder_is_covered(tmp_path: Path) -> None:
 def test_bwrap_started_by_root_runs_the_harness_as_the_episodes_user_without_capabilities(
     tmp_path: Path,
 ) -> None:
-    argv = BwrapRunner(python="/usr/bin/python3").argv(["agent"], _spec(tmp_path, uid=400123), {})
+    from polarproxy.rollout.limits import Limits
+
+    limits = Limits(max_procs=32, max_memory=256 << 20, max_file_size=1 << 20, max_cpu_seconds=60)
+    argv = BwrapRunner(python="/usr/bin/python3").argv(
+        ["agent"], _spec(tmp_path, uid=400123, limits=limits), {}
+    )
     after = argv[argv.index("--") + 1 :]
+    # the rlimits are set while still privileged (the episode's user could not raise them), then the drop
+    assert after[:5] == ["prlimit", "--nproc=32:32", "--fsize=1048576:1048576", "--cpu=60:60", "--"]
+    after = after[5:]
     assert after[:6] == ["setpriv", "--reuid", "400123", "--regid", "400123", "--clear-groups"]
     assert "--bounding-set=-all" in after and "--no-new-privs" in after and "--inh-caps=-all" in after
     caps = [argv[i + 1] for i, a in enumerate(argv[: argv.index("--")]) if a in ("--cap-add", "--cap-drop")]
