@@ -258,10 +258,13 @@ def _group(calls: Iterable[Call]) -> Iterator[tuple[str, list[Call]]]:
         yield batch[0].episode_id, batch
 
 
-def audit_store(store: Any, episode_ids: list[str] | None = None, model: Path | None = None) -> AuditReport:
+def audit_store(
+    store: Any, episode_ids: list[str] | None = None, model: Path | None = None, *, named: bool | None = None
+) -> AuditReport:
     """Audit the given episodes (exact IDs, in that order; all of them, oldest first, when None). Every
-    model folder is resolved before any rendering, so a missing one fails fast when episodes are named;
-    over all episodes, an episode without a model folder is skipped with the reason."""
+    model folder is resolved before any rendering, so a missing one fails fast when episodes are `named`
+    (default: when IDs are given); otherwise an episode without a model folder is skipped with the reason."""
+    named = episode_ids is not None if named is None else named
     episodes = {e.id: e for e in store.list_episodes(limit=None)}
     unknown = [eid for eid in episode_ids or [] if eid not in episodes]
     if unknown:
@@ -280,7 +283,7 @@ def audit_store(store: Any, episode_ids: list[str] | None = None, model: Path | 
         try:
             folders[eid] = model_dir_for(episodes[eid], model)
         except UsageError as e:
-            if episode_ids is not None:
+            if named:
                 raise
             by_id[eid] = EpisodeAudit(eid, None, [], Summary(), skipped=f"{e.message} {e.hint or ''}".strip())
     renderers: dict[Path, Renderer] = {}

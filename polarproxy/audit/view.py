@@ -99,14 +99,20 @@ def totals_table(total: Summary, episodes: int) -> Table:
 
 
 def print_report(console: Console, report: AuditReport) -> None:
+    empty = 0
     for ep in report.episodes:
         if ep.skipped:
             console.print(Text(f"episode {ep.episode_id} skipped: {ep.skipped}", style="yellow"))
+            continue
+        if not ep.calls:  # nothing to show but an empty table
+            empty += 1
             continue
         console.print(episode_table(ep))
         for line in drift_lines(ep):
             console.print(line, soft_wrap=True)
     console.print(totals_table(report.total, len(report.episodes)))
+    if empty:
+        console.print(Text(f"{empty} episode(s) without calls left out", style="dim"))
     for reason, n in sorted(report.total.skipped.items()):
         console.print(Text(f"skipped {n} call(s): {SKIP_REASONS.get(reason, reason)}", style="dim"))
     for ep in report.episodes:

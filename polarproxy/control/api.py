@@ -86,9 +86,13 @@ class Control:
         token: str | None = None,
         default_episode: str | None = None,
         url: str = "",
+        metadata: dict[str, str] | None = None,
     ) -> None:
         self.writer = writer
         self.token = token or None
+        # stored with every episode created here, under what its creator gives (the model folder: `audit`
+        # re-renders with it)
+        self.metadata = dict(metadata or {})
         self.default_episode = default_episode
         self.url = url
         self.started = time.time()
@@ -309,7 +313,7 @@ class Control:
                 harness=body.get("harness"),
                 task=body.get("task"),
                 group_id=body.get("group"),
-                metadata=metadata,
+                metadata={**self.metadata, **metadata},
             )
         )
         key = keys.new_key()

@@ -27,7 +27,11 @@ async def serve(
     stack = await open_stack(cfg)
     episode_id, proxy = await start_episode(stack, cfg, ["serve"])
     proxy.recorder.control = Control(
-        stack.writer, token=cfg.control_token, default_episode=episode_id, url=proxy.url
+        stack.writer,
+        token=cfg.control_token,
+        default_episode=episode_id,
+        url=proxy.url,
+        metadata={k: v for k, v in cfg.metadata.items() if k == "model_dir"},
     )
     if on_ready:
         on_ready(proxy.url, episode_id)

@@ -180,7 +180,13 @@ class LocalGateway(ControlEpisodes):
             # no default episode: with the control token every call needs an episode's API key
             self.proxy = await serve_recorder(self.stack, None, port=self.cfg.port)
             self.proxy.recorder.control = Control(
-                self.stack.writer, token=self.token, default_episode=None, url=self.proxy.url
+                self.stack.writer,
+                token=self.token,
+                default_episode=None,
+                url=self.proxy.url,
+                metadata={"model_dir": self.cfg.metadata["model_dir"]}
+                if "model_dir" in self.cfg.metadata
+                else None,
             )
             self._stop = asyncio.Event()
         except BaseException as e:  # handed to the starting thread

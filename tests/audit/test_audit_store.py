@@ -212,3 +212,33 @@ def test_cli_flags_unexpected_drift_and_prefix_breaks_in_red_words(store, render
     assert "1 extended call(s) do not start with the earlier call's prompt + output" in r.output
     assert "skipped 1 call(s): text-only record" in r.output
     assert f"#1 at {len(ep.prompt1)}: model saw '<think>" in r.output
+
+
+def test_cli_filters_episodes_and_leaves_out_empty_ones(store, renderer, tiny_model_dir, tmp_path):
+    """`audit --task/--group/--harness/--since` audit those episodes only; episodes without calls are
+    counted, not printed as empty tables; a store whose calls all lack a model folder is an error."""
+    store.create_episode(EpisodeStart(command=["serve"]))  # a `serve` start's empty default episode
+    a = reasoning_episode(store, renderer, metadata={"model_dir": str(tiny_model_dir)})
+    db = str(tmp_path / "audit.db")
+    r = CliRunner().invoke(app, ["audit", "--db", db, "--json"], env={"POLARPROXY_MODEL": None})
+    assert r.exit_code == 0, r.output
+    assert [e["episode_id"] for e in _json_lines(r.stdout)["episodes"] if e["calls"]] == [a.episode_id]
+    r = CliRunner().invoke(app, ["audit", "--db", db], env={"POLARPROXY_MODEL": None})
+    assert "1 episode(s) without calls left out" in " ".join(r.output.split())
+    r = CliRunner().invoke(app, ["audit", "--db", db, "--task", "no-such-task", "--json"])
+    assert r.exit_code == 0 and _json_lines(r.stdout)["episodes"] == []
+    r = CliRunner().invoke(
+        app, ["audit", "--db", db, "--since", "1h", "--json"], env={"POLARPROXY_MODEL": None}
+    )
+    assert [e["episode_id"] for e in _json_lines(r.stdout)["episodes"] if e["calls"]] == [a.episode_id]
+    reasoning_episode(store, renderer)  # calls, and no model folder: alone, nothing can be audited
+    r = CliRunner().invoke(
+        app, ["audit", "--db", db, "--harness", "nothing-else"], env={"POLARPROXY_MODEL": None}
+    )
+    assert r.exit_code == 0
+
+
+def _json_lines(text: str) -> dict:
+    import json
+
+    return json.loads(text[text.index("{") :])

@@ -225,5 +225,7 @@ def test_the_readme_agent_path_relative_to_the_checkout_runs_in_every_workspace(
     assert summary["states"] == {"done": 2} and summary["tasks"]["greet"]["rewards"] == [1.0]
     assert summary["db"].endswith(str(tmp_path / "r.db"))  # the store, not the gateway's URL
     with Store.open(str(tmp_path / "r.db")) as store:  # each episode shows the agent's command, not `serve`
-        commands = {tuple(e.command) for e in store.list_episodes(limit=None) if e.task}
-    assert commands == {(sys.executable, str(AGENT))}
+        eps = [e for e in store.list_episodes(limit=None) if e.task]
+    assert {tuple(e.command) for e in eps} == {(sys.executable, str(AGENT))}
+    # the model folder goes with every episode, so `audit` re-renders a rollout's calls without --model
+    assert {e.metadata.get("model_dir") for e in eps} == {str(tiny_model_dir.resolve())}
