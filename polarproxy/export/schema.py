@@ -1,8 +1,7 @@
-"""Load the JSON Schemas in the top-level `schemas/` folder.
+"""Load the JSON Schemas of polarproxy's records and exports.
 
-The canonical files live in `schemas/` at the repository root, next to the `polarproxy` package, which is
-where they are in a source checkout and in an editable install (`pip install -e .`). A copy shipped as package
-data under `polarproxy/schemas/` is used first if one exists.
+They live in `polarproxy/schemas/` (package data: a wheel ships them); the repository's top-level
+`schemas/` is a link to that folder.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any
 import orjson
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
-SCHEMA_DIRS = (_PACKAGE_DIR / "schemas", _PACKAGE_DIR.parent / "schemas")
+SCHEMA_DIRS = (_PACKAGE_DIR / "schemas",)
 
 
 def schema_path(name: str) -> Path:

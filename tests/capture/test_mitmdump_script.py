@@ -164,3 +164,20 @@ def test_mitmdump_without_a_model_option_refuses_to_start(tmp_path):
     )
     assert r.returncode != 0
     assert "polarproxy_model is not set" in r.stdout + r.stderr
+
+
+def test_an_installed_package_names_its_mitmdump_addon_and_ships_its_schemas():
+    """A wheel user has no checkout: `python -m polarproxy.mitmdump_addon` prints the script to load, and the
+    schemas are package data."""
+    r = subprocess.run([sys.executable, "-m", "polarproxy.mitmdump_addon"], capture_output=True, text=True)
+    path = Path(r.stdout.strip())
+    assert (
+        r.returncode == 0
+        and path.is_file()
+        and path.resolve() == (REPO / "addons" / "polarproxy_recorder.py").resolve()
+    )
+    import polarproxy
+    from polarproxy.export import load_schema
+
+    assert (Path(polarproxy.__file__).parent / "schemas" / "export-row.v2.json").is_file()
+    assert load_schema("export-row.v2")["$schema"]
