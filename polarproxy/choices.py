@@ -18,6 +18,8 @@ PrefixPolicy = Literal["extend", "fresh"]  # extend: T2; fresh: every call rende
 PREFIX_POLICIES: tuple[PrefixPolicy, ...] = get_args(PrefixPolicy)
 ToolFormat = Literal["hermes", "qwen-xml", "llama-json", "deepseek", "mistral", "harmony"]
 TOOL_FORMATS: tuple[ToolFormat, ...] = get_args(ToolFormat)
+SamplingPolicy = Literal["harness", "override"]  # whose sampling value wins: the harness's, or the flag's
+SAMPLING_POLICIES: tuple[SamplingPolicy, ...] = get_args(SamplingPolicy)
 ReasoningFormat = Literal["think", "none"]
 REASONING_FORMATS: tuple[ReasoningFormat, ...] = get_args(ReasoningFormat)
 

@@ -206,3 +206,25 @@ def test_a_missing_optional_dependency_is_an_error_with_the_pip_line(
     assert r.exit_code == 1, r.output
     assert f"needs {module}" in r.stderr and f"pip install 'polarproxy[{extra}]'" in r.stderr
     assert "Traceback" not in r.output and "save_pretrained" not in r.stderr
+
+
+def test_sampling_flags_are_refused_where_the_gateway_does_not_sample(tmp_path):
+    r = CliRunner().invoke(
+        app, ["record", "--intercept", "--temperature", "0.5", "--db", str(tmp_path / "x.db"), "--", "true"]
+    )
+    assert r.exit_code == 2 and "gateway mode" in r.output
+    r = CliRunner().invoke(
+        app,
+        [
+            "record",
+            "--backend",
+            "http://127.0.0.1:9",
+            "--model",
+            str(tmp_path),
+            "--top-p",
+            "1.5",
+            "--",
+            "true",
+        ],
+    )
+    assert r.exit_code == 2 and "--top-p 1.5" in r.output

@@ -17,7 +17,7 @@ import time
 from array import array
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from polarproxy.backends.base import Backend, BackendError, GenerateParams, Generation
 from polarproxy.capture.bodies import MAX_BODY_BYTES
@@ -108,6 +108,36 @@ class GatewayOptions:
     reasoning_format: str | None = None  # think | none
     prefix_policy: str = "extend"  # extend (T2) | fresh (every call rendered as the template does)
     max_body_bytes: int = MAX_BODY_BYTES  # `--max-body-bytes`: a request body's bound, after decompression
+    # `--temperature --top-p --top-k --sampling-policy`: the gateway owns the sampling parameters (below)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    sampling_policy: str = "harness"  # harness: a value the harness sends wins | override: the flag wins
+
+
+# What the backend is sent when neither the harness nor a flag sets a value: the full distribution, never
+# the server's hidden defaults (SGLang fills unset values from generation_config.json: 0.6 / 0.95 / 20 for
+# Qwen3), so that what the model sampled under is known and recorded.
+FULL_DISTRIBUTION = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+
+
+def sent_sampling(conv_sampling: Any, options: GatewayOptions) -> dict[str, Any]:
+    """The temperature, top_p and top_k sent to the backend for a call, the seed if one was sent, and who
+    chose each (`chosen_by`: harness, flag or default)."""
+    sent: dict[str, Any] = {"chosen_by": {}}
+    for name, default in FULL_DISTRIBUTION.items():
+        asked, flag = getattr(conv_sampling, name), getattr(options, name)
+        if flag is not None and (options.sampling_policy == "override" or asked is None):
+            value, who = flag, "flag"
+        elif asked is not None:
+            value, who = asked, "harness"
+        else:
+            value, who = default, "default"
+        sent[name] = value
+        sent["chosen_by"][name] = who
+    if conv_sampling.seed is not None:
+        sent["seed"] = conv_sampling.seed
+    return sent
 
 
 class StoreLike(Protocol):
@@ -152,11 +182,12 @@ class Gateway:
 
     def params(self, conv: Conversation) -> GenerateParams:
         s = conv.sampling
+        sent = sent_sampling(s, self.options)
         return GenerateParams(
             max_new_tokens=s.max_tokens if s.max_tokens is not None else self.options.max_tokens_default,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
+            temperature=sent["temperature"],
+            top_p=sent["top_p"],
+            top_k=sent["top_k"],
             stop=list(s.stop),
             stop_token_ids=list(self.renderer.stop_token_ids),
             seed=s.seed,
@@ -189,6 +220,8 @@ class Gateway:
         start = call.start
         start.backend = self.backend.url
         start.backend_kind = self.backend.kind
+        start.sampling_sent = sent_sampling(conv.sampling, self.options)  # recorded: what was sent, by whom
+        start.temperature = start.sampling_sent["temperature"]
         begin: asyncio.Future[tuple[str, int]] | None = None
         if not self.renderer.loaded:  # a deferred tokenizer (Renderer(defer=True)) still loading
             try:

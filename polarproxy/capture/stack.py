@@ -45,6 +45,11 @@ class ProxyConfig:
     # `serve --control-token` / POLARPROXY_CONTROL_TOKEN: the control API and harness calls need it / a key
     control_token: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES  # `--max-body-bytes`: a request body's bound, after decompression
+    # `--temperature --top-p --top-k --sampling-policy` (capture/gateway.py `sent_sampling`)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    sampling_policy: str = "harness"
 
 
 @dataclass
@@ -76,6 +81,10 @@ async def open_stack(cfg: ProxyConfig, *, defer_tokenizer: bool = True) -> Stack
             tool_format=cfg.tool_format,
             reasoning_format=cfg.reasoning_format,
             max_body_bytes=cfg.max_body_bytes,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            sampling_policy=cfg.sampling_policy,
         ),
     )
     gateway.prefixes.loader = store_turns(store, renderer)  # T2 across proxies: the store backs the index

@@ -18,6 +18,7 @@ BackendMode = choice_enum("BackendMode", choices.BACKEND_MODES)
 PrefixPolicy = choice_enum("PrefixPolicy", choices.PREFIX_POLICIES)
 ToolFormat = choice_enum("ToolFormat", choices.TOOL_FORMATS)
 ReasoningFormat = choice_enum("ReasoningFormat", choices.REASONING_FORMATS)
+SamplingPolicy = choice_enum("SamplingPolicy", choices.SAMPLING_POLICIES)
 RewardFrom = choice_enum("RewardFrom", choices.REWARD_FROM)
 Isolation = choice_enum("Isolation", choices.ISOLATIONS)
 Strategy = choice_enum("Strategy", choices.STRATEGIES)
@@ -40,6 +41,7 @@ SOURCES: dict[type[StrEnum], tuple[str, ...]] = {
     PrefixPolicy: choices.PREFIX_POLICIES,
     ToolFormat: choices.TOOL_FORMATS,
     ReasoningFormat: choices.REASONING_FORMATS,
+    SamplingPolicy: choices.SAMPLING_POLICIES,
     RewardFrom: choices.REWARD_FROM,
     Isolation: choices.ISOLATIONS,
     Strategy: choices.STRATEGIES,

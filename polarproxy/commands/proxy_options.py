@@ -7,7 +7,14 @@ from typing import Annotated, Any
 
 import typer
 
-from polarproxy.commands.enums import BackendKind, BackendMode, PrefixPolicy, ReasoningFormat, ToolFormat
+from polarproxy.commands.enums import (
+    BackendKind,
+    BackendMode,
+    PrefixPolicy,
+    ReasoningFormat,
+    SamplingPolicy,
+    ToolFormat,
+)
 from polarproxy.commands.support import fail, usage_fail
 
 BackendOpt = Annotated[
@@ -36,6 +43,41 @@ BackendModeOpt = Annotated[
     ),
 ]
 MaxTokensOpt = Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")]
+_SAMPLING = "Sampling (the gateway's: sent to the backend, recorded with each call)"
+TemperatureOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--temperature",
+        help="Sampling temperature sent to the backend (default: the harness's, else 1.0, never the "
+        "server's hidden default).",
+        rich_help_panel=_SAMPLING,
+    ),
+]
+TopPOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--top-p",
+        help="top_p sent to the backend (default: the harness's, else 1.0).",
+        rich_help_panel=_SAMPLING,
+    ),
+]
+TopKOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--top-k",
+        help="top_k sent to the backend (default: the harness's, else -1: off).",
+        rich_help_panel=_SAMPLING,
+    ),
+]
+SamplingPolicyOpt = Annotated[
+    SamplingPolicy,
+    typer.Option(
+        "--sampling-policy",
+        help="harness: a value the harness sends wins and the flags fill what it leaves out; override: the "
+        "flags always win.",
+        rich_help_panel=_SAMPLING,
+    ),
+]
 MaxBodyOpt = Annotated[
     str,
     typer.Option(
@@ -103,6 +145,7 @@ def proxy_config(
     task: str | None = None,
     group: str | None = None,
     max_body_bytes: str = "32M",
+    sampling: tuple[float | None, float | None, int | None, Any] = (None, None, None, None),
 ) -> Any:
     """The `ProxyConfig` for these options, or `Error:` naming the option that is missing or wrong (checked
     before the proxy's modules are imported, so a mistake is told at once)."""
@@ -139,6 +182,15 @@ def proxy_config(
         metadata={"model_dir": str(model.resolve())},
         max_body_bytes=body_cap,
     )
+    temperature, top_p, top_k, policy = sampling
+    if temperature is not None and not temperature >= 0:
+        usage_fail(f"--temperature {temperature} must be >= 0.")
+    if top_p is not None and not 0 < top_p <= 1:
+        usage_fail(f"--top-p {top_p} must be in (0, 1].")
+    if top_k is not None and top_k < 1 and top_k != -1:
+        usage_fail(f"--top-k {top_k} must be -1 (off) or at least 1.")
+    cfg.temperature, cfg.top_p, cfg.top_k = temperature, top_p, top_k
+    cfg.sampling_policy = policy.value if policy is not None else "harness"
     cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value
     cfg.prefix_policy = prefix_policy.value
     cfg.tool_format = tool_format and tool_format.value

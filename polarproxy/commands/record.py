@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from polarproxy.commands.enums import BackendMode, PrefixPolicy, RewardFrom
+from polarproxy.commands.enums import BackendMode, PrefixPolicy, RewardFrom, SamplingPolicy
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
     BackendModeOpt,
@@ -17,7 +17,11 @@ from polarproxy.commands.proxy_options import (
     MaxTokensOpt,
     PrefixPolicyOpt,
     ReasoningFormatOpt,
+    SamplingPolicyOpt,
+    TemperatureOpt,
     ToolFormatOpt,
+    TopKOpt,
+    TopPOpt,
     proxy_config,
 )
 from polarproxy.commands.support import (
@@ -158,6 +162,10 @@ def record(
     ] = 600.0,
     max_tokens: MaxTokensOpt = 4096,
     max_body_bytes: MaxBodyOpt = "32M",
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    sampling_policy: SamplingPolicyOpt = SamplingPolicy.harness,
     prefix_policy: PrefixPolicyOpt = PrefixPolicy.extend,
     tool_format: ToolFormatOpt = None,
     reasoning_format: ReasoningFormatOpt = None,
@@ -195,6 +203,12 @@ def record(
         usage_fail(
             "No command to record.",
             "Put the harness command after --, e.g. polarproxy record -- python agent.py",
+        )
+    if intercept and (temperature, top_p, top_k) != (None, None, None):
+        usage_fail(
+            "--temperature, --top-p and --top-k go with gateway mode: in --intercept mode the harness's real "
+            "provider samples.",
+            "Drop them, or record in gateway mode (--backend URL --model DIR).",
         )
     if intercept:
         _record_intercept(
@@ -262,6 +276,7 @@ def record(
         task=task,
         group=group,
         max_body_bytes=max_body_bytes,
+        sampling=(temperature, top_p, top_k, sampling_policy),
     )
     verifier = None
     if reward_cmd is not None:

@@ -9,13 +9,17 @@ from typing import Annotated, Any
 
 import typer
 
-from polarproxy.commands.enums import BackendMode, Isolation, RewardFrom
+from polarproxy.commands.enums import BackendMode, Isolation, RewardFrom, SamplingPolicy
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
     BackendModeOpt,
     BackendOpt,
     MaxBodyOpt,
     MaxTokensOpt,
+    SamplingPolicyOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
     proxy_config,
 )
 from polarproxy.commands.support import DbOpt, ModelOpt, fail, need, print_json, usage_fail
@@ -52,6 +56,10 @@ def rollout(
     db: DbOpt = None,
     max_tokens: MaxTokensOpt = 4096,
     max_body_bytes: MaxBodyOpt = "32M",
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    sampling_policy: SamplingPolicyOpt = SamplingPolicy.harness,
     serve: Annotated[
         str | None,
         typer.Option("--serve", help="A running `polarproxy serve` (its URL) instead of --backend."),
@@ -151,6 +159,11 @@ def rollout(
         usage_fail(
             "--serve and --backend/--model/--db exclude each other.", "The running gateway has its own."
         )
+    if serve is not None and (temperature, top_p, top_k) != (None, None, None):
+        usage_fail(
+            "--temperature, --top-p and --top-k set the in-process gateway's sampling; a running serve has its own.",
+            "Start `polarproxy serve` with them, or drop --serve.",
+        )
     if serve is not None and not control_token:
         usage_fail("--serve needs --control-token (or POLARPROXY_CONTROL_TOKEN).")
     if ray is not None:
@@ -206,6 +219,7 @@ def rollout(
             backend_mode=backend_mode,
             harness=harness,
             max_body_bytes=max_body_bytes,
+            sampling=(temperature, top_p, top_k, sampling_policy),
         )
     try:
         summary, ok = run_rollout(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from polarproxy.commands.enums import BackendMode, PrefixPolicy
+from polarproxy.commands.enums import BackendMode, PrefixPolicy, SamplingPolicy
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
     BackendModeOpt,
@@ -17,7 +17,11 @@ from polarproxy.commands.proxy_options import (
     MaxTokensOpt,
     PrefixPolicyOpt,
     ReasoningFormatOpt,
+    SamplingPolicyOpt,
+    TemperatureOpt,
     ToolFormatOpt,
+    TopKOpt,
+    TopPOpt,
     proxy_config,
 )
 from polarproxy.commands.support import DbOpt, ModelOpt, fail, print_json, usage_fail
@@ -33,6 +37,10 @@ def serve(
     port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 8000,
     max_tokens: MaxTokensOpt = 4096,
     max_body_bytes: MaxBodyOpt = "32M",
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    sampling_policy: SamplingPolicyOpt = SamplingPolicy.harness,
     prefix_policy: PrefixPolicyOpt = PrefixPolicy.extend,
     tool_format: ToolFormatOpt = None,
     reasoning_format: ReasoningFormatOpt = None,
@@ -68,6 +76,7 @@ def serve(
         tool_format=tool_format,
         reasoning_format=reasoning_format,
         max_body_bytes=max_body_bytes,
+        sampling=(temperature, top_p, top_k, sampling_policy),
     )
     cfg.host = host
     if control_token is not None and not control_token.strip():

@@ -56,11 +56,18 @@ class CallStart:
     # The sampling temperature the backend is asked for (the logprobs depend on it). None: the store takes
     # the conversation's (`sampling.temperature`); None there too means the backend's default.
     temperature: float | None = None
+    # What the gateway sent the backend and who chose each value (capture/gateway.py `sent_sampling`):
+    # stored with the conversation as its `sent_sampling` member.
+    sampling_sent: dict[str, Any] | None = None
 
     def conversation_dict(self) -> dict[str, Any] | None:
-        """The conversation as plain data (Conversation.to_dict()), as the store keeps it."""
+        """The conversation as plain data (Conversation.to_dict()), as the store keeps it, with what the
+        gateway sent the backend (`sent_sampling`)."""
         c = self.conversation
-        return c.to_dict() if isinstance(c, Conversation) else c
+        data = c.to_dict() if isinstance(c, Conversation) else c
+        if data is not None and self.sampling_sent is not None:
+            data = {**data, "sent_sampling": self.sampling_sent}
+        return data
 
 
 @dataclass(slots=True)
