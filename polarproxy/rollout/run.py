@@ -21,7 +21,6 @@ from typing import Any
 
 from polarproxy.errors import UsageError
 from polarproxy.rollout.bridge import HostRelay
-from polarproxy.rollout.sandbox import SOCKET_NAME
 from polarproxy.rollout.stages import (
     STAGE_FUNCS,
     STAGES,
@@ -231,15 +230,15 @@ class Rollout:
 
 
 def start_relay(settings: Settings, root: Path) -> HostRelay | None:
-    """The host end of the bridge when the sandbox has no network of its own."""
+    """The folder that holds each episode's own bridge socket when the sandbox has no network of its own
+    (stages.py `episode_bridge`: one relay per episode, bound into that sandbox alone). Returns None: there
+    is no shared relay to close."""
     if not settings.runner.bridged:
         return None
     root.mkdir(parents=True, exist_ok=True)
-    os.chmod(root, 0o711)  # an episode's user may reach the socket by name, not list or change the folder
+    os.chmod(root, 0o711)  # an episode's user may reach its own socket by name, not list the folder
     settings.socket_dir = root
-    relay = HostRelay(root / SOCKET_NAME, settings.episodes.port)
-    os.chmod(root / SOCKET_NAME, 0o666)
-    return relay
+    return None
 
 
 def _stats(values: list[float]) -> dict[str, float]:

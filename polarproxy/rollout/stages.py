@@ -16,6 +16,7 @@ Each stage raises StageError to fail the episode, and returns early when the epi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -28,10 +29,19 @@ from typing import Any
 from polarproxy.client import EpisodeHandle
 from polarproxy.harness.env import harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
+from polarproxy.rollout.bridge import HostRelay
 from polarproxy.rollout.copying import WorkspaceTooLarge, copy_workspace
 from polarproxy.rollout.episodes import Episodes, LocalGateway
 from polarproxy.rollout.limits import Limits
-from polarproxy.rollout.sandbox import ProcessResult, Runner, SandboxSpec, episode_uid, give_to, run_process
+from polarproxy.rollout.sandbox import (
+    SOCKET_NAME,
+    ProcessResult,
+    Runner,
+    SandboxSpec,
+    episode_uid,
+    give_to,
+    run_process,
+)
 from polarproxy.rollout.tasks import Task
 
 STAGES = ("prewarm", "execute", "evaluate", "reconstruct")
@@ -201,6 +211,19 @@ def episode_env(job: Job, s: Settings, handle: EpisodeHandle) -> dict[str, str]:
     return env
 
 
+def episode_bridge(job: Job, s: Settings, spec: SandboxSpec) -> HostRelay | None:
+    """This episode's own bridge to the gateway: a socket in a folder of its own (short: a Unix socket's
+    path has 107 bytes), bound into this sandbox alone, so no episode reaches, renames or replaces
+    another's (`spec.socket_dir` is set to it); None when the sandbox reaches the gateway directly."""
+    if not s.runner.bridged or spec.socket_dir is None:
+        return None
+    folder = spec.socket_dir / hashlib.sha1(f"{job.task.id}\0{job.sample}".encode()).hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o711)
+    spec.socket_dir = folder
+    return HostRelay(folder / SOCKET_NAME, s.episodes.port)
+
+
 def execute(job: Job, s: Settings) -> None:
     command = harness_command(s, job.task.instruction)
     metadata = {"rollout_id": s.rollout_id, "task_id": job.task.id, "sample": str(job.sample)}
@@ -216,6 +239,7 @@ def execute(job: Job, s: Settings) -> None:
     give_to(job.home, job.uid)  # the preset's config files are the episode user's too
     spec = _spec(job.workspace, job.home, s, job.uid, gateway=True)
     limit = job.task.timeout_s or s.execute_timeout_s
+    relay = episode_bridge(job, s, spec)
     try:
         result = run_process(
             s.runner.argv(command, spec, env),
@@ -230,6 +254,10 @@ def execute(job: Job, s: Settings) -> None:
     except OSError as e:
         job.exit_code = 127
         raise StageError(f"cannot start the harness {command[0]!r}: {e.strerror or e}") from e
+    finally:
+        if relay is not None:
+            relay.close()
+            shutil.rmtree(spec.socket_dir or job.dir / "bridge", ignore_errors=True)
     job.harness_timed_out = result.timed_out
     job.limit_hit = result.limit_hit
     job.exit_code = EXIT_TIMEOUT if result.timed_out else EXIT_STOPPED if result.stopped else result.exit_code

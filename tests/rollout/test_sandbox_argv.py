@@ -169,3 +169,28 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
         time.sleep(0.1)
     else:
         pytest.fail(f"the harness's child {grandchild} outlived the timeout")
+
+
+def test_each_episode_gets_a_bridge_of_its_own_bound_into_its_sandbox_alone(tmp_path: Path) -> None:
+    """One socket per episode, in a folder of its own: an agent cannot reach, rename or replace another
+    episode's bridge (nor relay it to read that episode's key)."""
+    from types import SimpleNamespace
+
+    from polarproxy.rollout.stages import episode_bridge
+
+    s = SimpleNamespace(runner=BwrapRunner(), episodes=SimpleNamespace(port=9))
+    specs, relays = [], []
+    for sample in (0, 1):
+        job = SimpleNamespace(task=SimpleNamespace(id="t"), sample=sample)
+        spec = _spec(tmp_path)
+        relays.append(episode_bridge(job, s, spec))  # type: ignore[arg-type]
+        specs.append(spec)
+    try:
+        a, b = (spec.socket_dir for spec in specs)
+        assert a != b and a.parent == b.parent == tmp_path / "sock"
+        assert (a / "gateway.sock").is_socket() and len(str(a / "gateway.sock")) < 107
+        line = " ".join(BwrapRunner(python="/usr/bin/python3").argv(["agent"], specs[0], {}))
+        assert f"--ro-bind {a} {a}" in line and str(b) not in line and f"--ro-bind {a.parent} " not in line
+    finally:
+        for relay in relays:
+            relay.close()
