@@ -115,6 +115,10 @@ class GatewayOptions:
     sampling_policy: str = "harness"  # harness: a value the harness sends wins | override: the flag wins
 
 
+MAX_TOOLS = 1024  # tools one request may offer (real harnesses offer 4-30)
+CHARS_PER_TOKEN_BOUND = 64  # no token of a byte-level vocabulary covers more characters than this
+
+
 # What the backend is sent when neither the harness nor a flag sets a value: the full distribution, never
 # the server's hidden defaults (SGLang fills unset values from generation_config.json: 0.6 / 0.95 / 20 for
 # Qwen3), so that what the model sampled under is known and recorded.
@@ -236,6 +240,11 @@ class Gateway:
                 await self.record_failure(start, status="failed", error=msg, http_status=500)
                 await respond(sink, 500, JSON_HEADERS, dialect.error(500, msg, "tokenizer_error"))
                 return
+        too_long = self._over_context(conv, start.request_body, None)
+        if too_long is not None:  # refused before tokenizing: a character bound no prompt that fits can pass
+            await self.record_failure(start, status="failed", error=too_long, http_status=400)
+            await respond(sink, 400, JSON_HEADERS, dialect.error(400, too_long, "context_length_exceeded"))
+            return
         if is_chat_mode(self.backend):
             # The server renders the prompt and reports its IDs; the record is begun once they are known.
             start.fidelity, start.render_mode = "server-rendered", "server"
@@ -251,6 +260,13 @@ class Gateway:
                 msg = f"The chat template could not render this request: {e}"
                 await self.record_failure(start, status="failed", error=msg, http_status=400)
                 await respond(sink, 400, JSON_HEADERS, dialect.error(400, msg, "render_error"))
+                return
+            too_long = self._over_context(conv, "", len(prompt.tokens))
+            if too_long is not None:  # the backend would refuse it after a prefill's worth of work
+                await self.record_failure(start, status="failed", error=too_long, http_status=400)
+                await respond(
+                    sink, 400, JSON_HEADERS, dialect.error(400, too_long, "context_length_exceeded")
+                )
                 return
             prompt_ids = start.prompt_ids = prompt.tokens
             start.render_mode = prompt.mode  # type: ignore[assignment]
@@ -279,6 +295,24 @@ class Gateway:
         except Exception as e:  # a bug must still answer the harness and leave a record
             log.exception("internal error while serving a call")
             await run.internal_error(e)
+
+    def _over_context(self, conv: Conversation, body: str, prompt_tokens: int | None) -> str | None:
+        """Why this request cannot fit the model's context (None: it may): before tokenizing, a body of more
+        than CHARS_PER_TOKEN_BOUND characters per token of context (no token covers more); after, its
+        prompt's tokens plus one to sample; and a tools list over MAX_TOOLS."""
+        if len(conv.tools) > MAX_TOOLS:
+            return f"The request offers {len(conv.tools)} tools; polarproxy takes at most {MAX_TOOLS}."
+        context = self.renderer.context_length
+        if context is None:
+            return None
+        if prompt_tokens is None and len(body) > context * CHARS_PER_TOKEN_BOUND:
+            return (
+                f"The request is {len(body)} characters: more than the model's context of {context} tokens can "
+                "hold (it was not tokenized)."
+            )
+        if prompt_tokens is not None and prompt_tokens >= context:
+            return f"The prompt is {prompt_tokens} tokens; the model's context is {context}."
+        return None
 
     async def record_failure(self, start: CallStart, *, status: str, error: str, http_status: int) -> None:
         try:

@@ -18,6 +18,7 @@ What real templates need, handled here the same way for every call:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 from concurrent.futures import Future
@@ -302,6 +303,20 @@ class Renderer:
     def render(self, conv: Conversation) -> RenderedPrompt:
         text, level = self.render_folded(conv)
         return RenderedPrompt(text=text, ids=self.encode(text), fold=fold_name(level))
+
+    @functools.cached_property
+    def context_length(self) -> int | None:
+        """The model's context in tokens (config.json's max_position_embeddings, a multimodal model's
+        text_config's), or None when the folder does not say."""
+        try:
+            config = json.loads((self.model_dir / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        for section in (config, config.get("text_config") or {}):
+            value = section.get("max_position_embeddings")
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
 
     def encode(self, text: str) -> list[int]:
         # encode_batch releases the GIL while it tokenizes (encode does not), so a long prompt rendered in a

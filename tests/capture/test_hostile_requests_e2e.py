@@ -111,3 +111,32 @@ def test_a_gzip_bomb_a_bad_gzip_and_a_deep_schema_are_refused_before_parsing(mak
         assert client.post(path, json=valid).status_code == 200
     calls = proxy.store.list_calls(proxy.episode_id)
     assert sorted(c.http_status for c in calls if c.status == "failed") == [400, 400, 413]
+
+
+def test_a_prompt_past_the_context_is_refused_before_the_backend_and_before_tokenizing(make_proxy, make_stub):
+    """The tiny model's context is 65,536 tokens: a 5 MB message cannot fit whatever its tokens, and is
+    refused before it is tokenized; a 300 k-character one is tokenized and refused by its count; 1,025 tools
+    are refused too. The backend sees none of them."""
+    stub = make_stub("Fine.")
+    proxy = make_proxy(stub.url)
+    path, valid = FORMATS["openai_chat"]("hi")
+    huge = {**valid, "messages": [{"role": "user", "content": "word " * 1_000_000}]}
+    long = {**valid, "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(75_000))}]}
+    tools = [
+        {"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
+        for i in range(1025)
+    ]
+    with httpx.Client(base_url=proxy.url, timeout=120) as client:
+        before = stub.cfg.calls
+        for body, says in (
+            (huge, "was not tokenized"),
+            (long, "tokens; the model's context is 65536"),
+            ({**valid, "tools": tools}, "1025 tools"),
+        ):
+            r = client.post(path, json=body)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[
+                :300
+            ]
+            assert says in error_message("openai_chat", r.json())
+        assert stub.cfg.calls == before  # nothing reached the backend
+        assert client.post(path, json=valid).status_code == 200
