@@ -18,6 +18,13 @@ PrefixPolicy = Literal["extend", "fresh"]  # extend: T2; fresh: every call rende
 PREFIX_POLICIES: tuple[PrefixPolicy, ...] = get_args(PrefixPolicy)
 ToolFormat = Literal["hermes", "qwen-xml", "llama-json", "deepseek", "mistral", "harmony"]
 TOOL_FORMATS: tuple[ToolFormat, ...] = get_args(ToolFormat)
+BackendLogprobs = Literal["scaled", "raw"]  # scaled: log_softmax(logits / T); raw: log_softmax(logits)
+BACKEND_LOGPROBS: tuple[BackendLogprobs, ...] = get_args(BackendLogprobs)
+# What each backend kind returns by default: SGLang its sampler's scaled logprobs (unless the server runs
+# with SGLANG_RETURN_ORIGINAL_LOGPROB=1), vLLM raw ones (its default `logprobs_mode`), the local backend
+# SGLang's.
+DEFAULT_BACKEND_LOGPROBS: dict[str, BackendLogprobs] = {"sglang": "scaled", "local": "scaled", "vllm": "raw"}
+GREEDY_TEMPERATURE = 1e-6  # SGLang's _SAMPLING_EPS: a temperature below it is greedy, its logprobs at T = 1
 SamplingPolicy = Literal["harness", "override"]  # whose sampling value wins: the harness's, or the flag's
 SAMPLING_POLICIES: tuple[SamplingPolicy, ...] = get_args(SamplingPolicy)
 ReasoningFormat = Literal["think", "none"]

@@ -18,7 +18,7 @@ from polarproxy.export.run import run_export
 from polarproxy.store import Store
 
 TOKEN = "client-test-token"
-SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "export-row.v2.json"
+SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "export-row.v3.json"
 
 
 @pytest.fixture

@@ -288,7 +288,11 @@ def _train(
     from polarproxy.train.metrics import RichProgress
 
     try:
-        samples = load_samples(data, warn=lambda message: typer.echo(f"Warning: {message}", err=True))
+        samples = load_samples(
+            data,
+            warn=lambda message: typer.echo(f"Warning: {message}", err=True),
+            assume_temperature=cfg.assume_logprob_temperature,
+        )
     except DataError as e:
         fail(str(e))
     from polarproxy.train.batching import plan_steps

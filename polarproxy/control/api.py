@@ -24,7 +24,7 @@ Routing a call reads the database only when the episode (or key) was not confirm
 `ROUTE_TTL_S` seconds (`Routes`): an episode finished through this proxy is refused at once, one finished
 through another proxy on the same database within that time.
 
-The trajectory stream answers the export rows (schemas/export-row.v2.json, built by the export code) of
+The trajectory stream answers the export rows (schemas/export-row.v3.json, built by the export code) of
 the episodes finished here since the opaque cursor, in the order they were finished, long-polling up to
 `wait` seconds, so a puller that passes back each answer's cursor gets each trajectory once. With
 `groups=complete` only whole groups come (a group is complete when none of its episodes runs any more);

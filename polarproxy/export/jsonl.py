@@ -1,4 +1,4 @@
-"""JSONL export: one export row (schemas/export-row.v2.json) per line.
+"""JSONL export: one export row (schemas/export-row.v3.json) per line.
 
 A SpanTrajectory (built from the store's token arrays, reconstruct/trajectory.py) is written without a
 Python object per token: orjson writes `input_ids` from the int32 array itself, `loss_mask` is runs of

@@ -1,4 +1,4 @@
-"""Parquet export: the rows of schemas/export-row.v2.json as a table, written streaming in row groups.
+"""Parquet export: the rows of schemas/export-row.v3.json as a table, written streaming in row groups.
 
 Columns are the row's keys. Token arrays are typed lists (`input_ids` int32, `loss_mask` int8, `logprobs`
 float32, the store's precision: the values equal the JSONL ones). `messages` is a list of structs with
@@ -99,6 +99,7 @@ def arrow_schema() -> pa.Schema:
             pa.field("call_rewards", pa.list_(pa.float64()), nullable=False),
             pa.field("weight_versions", pa.list_(string), nullable=False),
             pa.field("temperatures", pa.list_(pa.float64()), nullable=False),
+            pa.field("logprob_temperatures", pa.list_(pa.float64()), nullable=False),
             pa.field("mixed_weight_versions", pa.list_(pa.bool_()), nullable=False),
             pa.field("advantage", pa.float64()),
             pa.field("metadata", string, nullable=False),

@@ -1,4 +1,4 @@
-"""Trajectory → export row (schemas/export-row.v2.json), shared by every export format."""
+"""Trajectory → export row (schemas/export-row.v3.json), shared by every export format."""
 
 from __future__ import annotations
 
@@ -11,9 +11,15 @@ import numpy as np
 
 from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
-SCHEMA_VERSION = 2
-ROW_SCHEMA = "export-row.v2"
-PER_CALL_FIELDS = ("call_rewards", "weight_versions", "temperatures", "mixed_weight_versions")
+SCHEMA_VERSION = 3
+ROW_SCHEMA = "export-row.v3"
+PER_CALL_FIELDS = (
+    "call_rewards",
+    "weight_versions",
+    "temperatures",
+    "logprob_temperatures",
+    "mixed_weight_versions",
+)
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ class Trajectory:
     call_rewards: list[float | None] = field(default_factory=list)
     weight_versions: list[str | None] = field(default_factory=list)
     temperatures: list[float | None] = field(default_factory=list)
+    logprob_temperatures: list[float | None] = field(default_factory=list)
     mixed_weight_versions: list[bool] = field(default_factory=list)
     advantage: float | None = None
 
@@ -59,6 +60,7 @@ def per_call_columns(calls: Sequence[Call] | Sequence[TokenCall]) -> dict[str, A
         "call_rewards": [c.reward for c in calls],
         "weight_versions": [c.weight_version for c in calls],
         "temperatures": [c.temperature for c in calls],
+        "logprob_temperatures": [c.logprob_temperature for c in calls],
         "mixed_weight_versions": [c.mixed_weight_versions for c in calls],
     }
 
@@ -134,6 +136,7 @@ class SpanTrajectory:
     call_rewards: list[float | None] = field(default_factory=list)
     weight_versions: list[str | None] = field(default_factory=list)
     temperatures: list[float | None] = field(default_factory=list)
+    logprob_temperatures: list[float | None] = field(default_factory=list)
     mixed_weight_versions: list[bool] = field(default_factory=list)
     advantage: float | None = None
 
@@ -190,6 +193,7 @@ class SpanTrajectory:
             call_rewards=self.call_rewards,
             weight_versions=self.weight_versions,
             temperatures=self.temperatures,
+            logprob_temperatures=self.logprob_temperatures,
             mixed_weight_versions=self.mixed_weight_versions,
             advantage=self.advantage,
         )

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from polarproxy.choices import DEFAULT_BACKEND_LOGPROBS, GREEDY_TEMPERATURE
 from polarproxy.conversation import Conversation
 
 CallStatus = Literal["in_flight", "ok", "failed", "aborted", "interrupted"]
@@ -163,6 +164,19 @@ class Call:
         """Whether the call's tokens came from more than one weight version (an update mid-call)."""
         versions = {self.weight_version_first, self.weight_version_last, self.weight_version} - {None}
         return len(versions) > 1
+
+    @property
+    def logprob_temperature(self) -> float | None:
+        """The temperature the call's logprobs are at: its sampling temperature for a backend that returns
+        scaled logprobs (1 for a greedy call), 1 for one that returns raw logprobs
+        (`choices.DEFAULT_BACKEND_LOGPROBS`); None where unknown: a scaling backend asked for no
+        temperature (its server's hidden default applied), or a provider (no logprobs)."""
+        semantics = DEFAULT_BACKEND_LOGPROBS.get(self.backend_kind)
+        if semantics == "raw":
+            return 1.0
+        if semantics is None or self.temperature is None:
+            return None
+        return 1.0 if self.temperature < GREEDY_TEMPERATURE else float(self.temperature)
 
     @property
     def has_tools(self) -> bool:

@@ -371,6 +371,7 @@ class TokenCall:
 
     mixed_weight_versions = Call.mixed_weight_versions  # the same properties, over the same attributes
     has_tools = Call.has_tools
+    logprob_temperature = Call.logprob_temperature
 
 
 def _reader(store: Any) -> Any:

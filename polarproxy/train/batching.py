@@ -84,7 +84,8 @@ class MicroBatch:
     input_ids, position_ids (B, T) long; attention_mask (B, T) for padded batches, or a (1, 1, T, T) bool
     block-diagonal mask in "4d" mode, else None · hidden_index (N,) long into the flattened (B*T) positions
     · targets (N,) long · behaviour_logp, advantages, weights (N,) float32 · seq_index (N,) long in [0, S)
-    · samples: indices into the step's samples."""
+    · samples: indices into the step's samples · inv_temp (N,) float32: 1 / the logprob temperature of
+    each trainable token, None when every one is at T = 1."""
 
     input_ids: Tensor
     position_ids: Tensor
@@ -97,6 +98,7 @@ class MicroBatch:
     seq_index: Tensor
     n_seq: int
     samples: list[int]
+    inv_temp: Tensor | None = None
 
     @property
     def tokens(self) -> int:
@@ -137,11 +139,12 @@ def step_weights(
 def _loss_tensors(
     samples: Sequence[Sample], order: Sequence[int], weights: Sequence[float], offsets: Sequence[int]
 ):
-    """hidden_index, targets, behaviour_logp, advantages, weights, seq_index over the trainable tokens of
-    samples[order], sample j starting at flat position offsets[j]."""
+    """hidden_index, targets, behaviour_logp, advantages, weights, seq_index, inv_temp (None: all at T = 1)
+    over the trainable tokens of samples[order], sample j starting at flat position offsets[j]."""
     import torch
 
-    hidden, targets, blp, adv, w, seq = [], [], [], [], [], []
+    hidden, targets, blp, adv, w, seq, inv = [], [], [], [], [], [], []
+    scaled = any(samples[i].temperatures for i in order)
     for j, i in enumerate(order):
         s = samples[i]
         pos = [p for p in range(1, len(s)) if s.loss_mask[p]]
@@ -151,6 +154,9 @@ def _loss_tensors(
         adv += [s.advantage] * len(pos)
         w += [weights[i]] * len(pos)
         seq += [j] * len(pos)
+        if scaled:
+            temps = s.temperatures
+            inv += [1.0 / temps[p] for p in pos] if temps else [1.0] * len(pos)
     return (
         torch.tensor(hidden, dtype=torch.long),
         torch.tensor(targets, dtype=torch.long),
@@ -158,6 +164,7 @@ def _loss_tensors(
         torch.tensor(adv, dtype=torch.float32),
         torch.tensor(w, dtype=torch.float32),
         torch.tensor(seq, dtype=torch.long),
+        torch.tensor(inv, dtype=torch.float32) if scaled else None,
     )
 
 
@@ -175,9 +182,8 @@ def packed_batch(
     attn = packed_mask(list(pos), None) if mask_mode == "4d" else None
     if mask_mode not in ("positions", "4d"):
         raise ValueError(f"Unknown mask mode {mask_mode!r}. Must be one of 'positions', '4d'.")
-    return MicroBatch(
-        ids, pos, attn, *_loss_tensors(samples, order, weights, offsets), len(order), list(order)
-    )
+    tensors = _loss_tensors(samples, order, weights, offsets)
+    return MicroBatch(ids, pos, attn, *tensors[:6], len(order), list(order), inv_temp=tensors[6])
 
 
 def padded_batch(
@@ -196,9 +202,8 @@ def padded_batch(
         attn[j, :n] = 1
     pos = torch.arange(width).expand(len(order), width).contiguous()
     offsets = [j * width for j in range(len(order))]
-    return MicroBatch(
-        ids, pos, attn, *_loss_tensors(samples, order, weights, offsets), len(order), list(order)
-    )
+    tensors = _loss_tensors(samples, order, weights, offsets)
+    return MicroBatch(ids, pos, attn, *tensors[:6], len(order), list(order), inv_temp=tensors[6])
 
 
 LAYOUTS = ("packed", "padded")

@@ -3,6 +3,7 @@ before anything heavy is imported."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -54,6 +55,11 @@ class TrainConfig:
         "token, or sequence (GSPO: exp of the mean log-ratio).",
         panel=LOSS,
         choices=IMPORTANCE_LEVELS,
+    )
+    assume_logprob_temperature: float | None = option(
+        None,
+        "Temperature of the logprobs of rows that do not say (export rows before v3); default 1, with a warning.",
+        panel=LOSS,
     )
     kl_coef: float = option(0.0, "k3 KL penalty to the reference (0: none).", panel=LOSS)
     ref_model: str | None = option(None, "Reference model for --kl-coef (default: --model).", panel=LOSS)
@@ -123,6 +129,9 @@ class TrainConfig:
             )
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"--dual-clip must be > 1 (e.g. 3.0), got {self.dual_clip}.")
+        t = self.assume_logprob_temperature
+        if t is not None and not (math.isfinite(t) and t > 0):
+            raise ValueError(f"--assume-logprob-temperature must be > 0 (e.g. 0.6), got {t}.")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"--tis-cap must be > 0 (e.g. 2.0), got {self.tis_cap}.")
         for name, value in {

@@ -111,6 +111,8 @@ class FollowResult:
     rows_dropped_stale: int = 0
     rows_unversioned: int = 0
     rows_untrainable: int = 0  # no trainable token (nothing sampled, or no logprobs)
+    # rows that do not say which temperature their logprobs are at: trained at --assume-logprob-temperature (1)
+    rows_assumed_temperature: int = 0
     rows_pending: int = 0  # landed, not trained when the run stopped
     excluded_failed: int = 0  # episodes the gateway left out of their groups as `infra` failures
     synced_version: str | None = None
@@ -131,6 +133,7 @@ class FollowResult:
             "rows_dropped_stale": self.rows_dropped_stale,
             "rows_unversioned": self.rows_unversioned,
             "rows_untrainable": self.rows_untrainable,
+            "rows_assumed_temperature": self.rows_assumed_temperature,
             "rows_pending": self.rows_pending,
             "excluded_failed": self.excluded_failed,
             "synced_version": self.synced_version,
@@ -254,10 +257,15 @@ class _Follower:
         r.rows_received += len(rows)
         r.groups_received += len({row.get("group_id") or row.get("episode_id") for row in rows})
         for row in rows:
-            s = sample_from_row(row, f"{_shown(self.fcfg.url)} row of episode {row.get('episode_id')}")
+            s = sample_from_row(
+                row,
+                f"{_shown(self.fcfg.url)} row of episode {row.get('episode_id')}",
+                assume_temperature=self.cfg.assume_logprob_temperature,
+            )
             if not s.trainable_tokens:
                 r.rows_untrainable += 1
                 continue
+            r.rows_assumed_temperature += s.temperature_assumed
             if s.weight_version is None:
                 r.rows_unversioned += 1
             self.buffer.append(s)

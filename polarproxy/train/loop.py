@@ -224,7 +224,7 @@ class Trainer:
                 if ref_model is not None:
                     with torch.no_grad():
                         ref_logp, _ = batch_logprobs(ref_model, mb, chunk=cfg.logprob_chunk)
-                if fused is not None and fused.ready(ref_logp):
+                if fused is not None and fused.ready(ref_logp) and mb.inv_temp is None:
                     hidden = hidden_states(model, mb)[mb.hidden_index]
                     loss, stats, entropy = fused(hidden, head, mb, settings)
                 else:
@@ -310,7 +310,11 @@ def train(
     cfg = cfg or TrainConfig()
     cfg.check()
     rows = list(rows)
-    samples = rows if rows and isinstance(rows[0], Sample) else samples_from_rows(rows)  # type: ignore[arg-type]
+    samples = (
+        rows
+        if rows and isinstance(rows[0], Sample)
+        else samples_from_rows(rows, assume_temperature=cfg.assume_logprob_temperature)  # type: ignore[arg-type]
+    )
     trainer = Trainer(model_dir, out_dir, cfg)
     start_step = trainer.step
     plan = plan_steps(samples, cfg.rows_per_step, cfg.steps, seed=cfg.seed + start_step, shuffle=cfg.shuffle)

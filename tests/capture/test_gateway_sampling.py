@@ -47,3 +47,41 @@ def test_a_harness_sending_no_temperature_is_recorded_at_the_flags(make_proxy, m
     assert [(s["top_p"], s["top_k"]) for s in sent] == [(1.0, -1), (1.0, -1)]  # never the server's defaults
     rows = [trajectory_to_row(t) for t in per_request(proxy.store.iter_calls([proxy.episode_id]))]
     assert [r["temperatures"] for r in rows] == [[0.6], [0.3]]
+
+
+def test_rows_sampled_at_0_6_train_at_0_6_so_the_first_ratio_is_1(
+    make_proxy, make_backend, random_model_dir, tmp_path
+):
+    """The local backend returns logprobs at the sampling temperature (as SGLang does); export rows carry
+    it (`logprob_temperatures`) and the trainer scores each token at it, so with --lr 0 the first step's
+    ratio π_train/π_behaviour is 1. The same rows without it (export rows v2) are trained at T = 1: the
+    ratio is not 1, which is what this test guards against."""
+    pytest.importorskip("torch")
+    from polarproxy.train.config import TrainConfig
+    from polarproxy.train.data import samples_from_rows
+    from polarproxy.train.loop import train
+    from polarproxy.train.metrics import read_metrics
+
+    backend = make_backend(random_model_dir, "--max-new-tokens-limit", "64")
+    proxy = make_proxy(backend.url, model=random_model_dir, temperature=0.6)
+    with httpx.Client(base_url=proxy.url, timeout=120) as c:
+        for text in ("hello", "write a word", "count"):
+            body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 16}
+            assert c.post("/v1/chat/completions", json=body).status_code == 200
+    rows = [trajectory_to_row(t) for t in per_request(proxy.store.iter_calls([proxy.episode_id]))]
+    assert [r["temperatures"] for r in rows] == [[0.6]] * 3
+    assert [r["logprob_temperatures"] for r in rows] == [[0.6]] * 3
+    for i, r in enumerate(rows):
+        r["advantage"] = 1.0 if i % 2 else -1.0
+
+    def first_ratio(rows: list[dict], out: str) -> float:
+        samples = samples_from_rows(rows, warn=lambda _m: None)
+        train(samples, random_model_dir, tmp_path / out, TrainConfig(steps=1, lr=0.0, device="cpu"))
+        return read_metrics(tmp_path / out)[0]["ratio_mean"]
+
+    assert first_ratio(rows, "scaled") == pytest.approx(1.0, abs=1e-4)
+    told: list[str] = []
+    v2 = [{k: v for k, v in r.items() if k != "logprob_temperatures"} for r in rows]
+    assert len(samples_from_rows(v2, warn=told.append)) == 3
+    assert told and told[0].startswith("3 rows do not say which temperature")
+    assert abs(first_ratio(v2, "raw") - 1.0) > 1e-3

@@ -179,5 +179,5 @@ def test_an_installed_package_names_its_mitmdump_addon_and_ships_its_schemas():
     import polarproxy
     from polarproxy.export import load_schema
 
-    assert (Path(polarproxy.__file__).parent / "schemas" / "export-row.v2.json").is_file()
-    assert load_schema("export-row.v2")["$schema"]
+    assert (Path(polarproxy.__file__).parent / "schemas" / "export-row.v3.json").is_file()
+    assert load_schema("export-row.v3")["$schema"]

@@ -143,7 +143,7 @@ def _recorded_groups(db):
 
 def test_an_export_with_advantages_writes_them_per_row_and_counts_what_it_left_out(tmp_path):
     store, made = _recorded_groups(tmp_path / "a.db")
-    validator = Draft202012Validator(load_schema("export-row.v2"))
+    validator = Draft202012Validator(load_schema("export-row.v3"))
     out = tmp_path / "grpo.jsonl"
     summary = run_export(store, out, advantages=AdvantageOptions("grpo"))
     rows = [orjson.loads(line) for line in out.read_bytes().splitlines()]

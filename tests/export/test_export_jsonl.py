@@ -15,7 +15,7 @@ from polarproxy.reconstruct import assert_round_trip, per_request
 
 @pytest.fixture
 def validator():
-    schema = load_schema("export-row.v2")
+    schema = load_schema("export-row.v3")
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
 
@@ -46,7 +46,7 @@ def test_per_request_rows_validate_have_equal_lengths_and_round_trip(recorded, v
             (t, lp) for t, m, lp in zip(row["input_ids"], row["loss_mask"], row["logprobs"], strict=True) if m
         ]
         assert trainable == list(zip(call.output_ids, call.output_logprobs, strict=True))
-    assert rows[0]["schema_version"] == 2 and rows[0]["reward"] == 1.0 and rows[0]["group_id"] == "g1"
+    assert rows[0]["schema_version"] == 3 and rows[0]["reward"] == 1.0 and rows[0]["group_id"] == "g1"
     assert stats == ExportStats(
         rows=4,
         calls=4,
@@ -125,6 +125,7 @@ def test_load_schema_reads_the_package_data_that_the_top_level_schemas_folder_li
     repo = Path(__file__).resolve().parents[2]
     assert (repo / "schemas").resolve() == path.parent.resolve()
     assert load_schema("export-row.v2")["properties"]["schema_version"] == {"const": 2}
+    assert load_schema("export-row.v3")["properties"]["schema_version"] == {"const": 3}
     # version 1 stays, to validate files written before
     assert load_schema("export-row.v1")["properties"]["schema_version"] == {"const": 1}
     with pytest.raises(FileNotFoundError, match=r"No schema 'nope'.*Available: export-row\.v1"):

@@ -22,7 +22,7 @@ STRATEGIES = ("per-request", "prefix-merge")
 
 @pytest.fixture
 def validator():
-    return Draft202012Validator(load_schema("export-row.v2"))
+    return Draft202012Validator(load_schema("export-row.v3"))
 
 
 def _trajectories(store, strategy, **kw):

@@ -136,7 +136,7 @@ def test_per_request_export_of_the_episode_is_schema_valid(recorded, tmp_path):
     )
     assert e.returncode == 0, e.stderr
     assert json.loads(e.stdout)["rows"] == 3
-    schema = load_schema("export-row.v2")
+    schema = load_schema("export-row.v3")
     store = Store.open(str(db))
     for line in out.read_text().splitlines():
         row = json.loads(line)

@@ -53,7 +53,7 @@ def make_rows(
             n = rng.randint(*lengths)
             prompt = rng.randint(2, n - 2)
             row = {
-                "schema_version": 1,
+                "schema_version": 3,
                 "strategy": "per-request",
                 "episode_id": f"ep_{g}_{i}",
                 "call_ids": [f"call_{g}_{i}"],
@@ -67,6 +67,7 @@ def make_rows(
                 "tools": [],
                 "reward": rewards[i],
                 "group_id": f"grp_{g}",
+                "logprob_temperatures": [1.0],  # scored below by the model at T = 1
                 "metadata": {"dialect": "openai-chat", "fidelity": "tokens", "render_mode": "fresh"},
             }
             if advantages:

@@ -9,8 +9,12 @@ torch = pytest.importorskip("torch")
 from polarproxy.train.logprobs import chunked_logprobs, full_logprobs  # noqa: E402
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
-def test_chunked_logprobs_equal_full_logprobs_and_gradients(chunk: int) -> None:
+@pytest.mark.parametrize(
+    ("chunk", "temperatures"), [(1, False), (7, False), (64, True), (1000, False), (7, True)]
+)
+def test_chunked_logprobs_equal_full_logprobs_and_gradients(chunk: int, temperatures: bool) -> None:
+    """With temperatures, each token at its own T: log_softmax(logits / T), in value and gradient (the
+    reference is autograd through the scaled full logits)."""
     g = torch.Generator().manual_seed(0)
     n, h, v = 53, 16, 301
     hidden = torch.randn(n, h, generator=g, requires_grad=True)
@@ -18,19 +22,24 @@ def test_chunked_logprobs_equal_full_logprobs_and_gradients(chunk: int) -> None:
     bias = torch.randn(v, generator=g, requires_grad=True)
     targets = torch.randint(v, (n,), generator=g)
     upstream = torch.randn(n, generator=g)
+    inv_temp = 1 / (0.3 + torch.rand(n, generator=g)) if temperatures else None
 
-    lp, ent = chunked_logprobs(hidden, weight, targets, chunk=chunk, bias=bias)
+    lp, ent = chunked_logprobs(hidden, weight, targets, chunk=chunk, bias=bias, inv_temp=inv_temp)
     (lp * upstream).sum().backward()
     grads = [t.grad.clone() for t in (hidden, weight, bias)]
     for t in (hidden, weight, bias):
         t.grad = None
-    full = full_logprobs(hidden, weight, targets, bias=bias)
+    full = full_logprobs(hidden, weight, targets, bias=bias, inv_temp=inv_temp)
     (full * upstream).sum().backward()
 
     assert torch.allclose(lp, full, atol=1e-5)
     for a, t in zip(grads, (hidden, weight, bias), strict=True):
         assert torch.allclose(a, t.grad, atol=1e-5)
     logits = torch.nn.functional.linear(hidden, weight, bias).detach()
+    if inv_temp is not None:
+        logits = logits * inv_temp[:, None]
+        plain = torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias), -1)
+        assert (lp - plain.gather(-1, targets[:, None]).squeeze(-1)).abs().max() > 1e-2  # not T = 1
     expected_entropy = torch.distributions.Categorical(logits=logits).entropy()
     assert torch.allclose(ent, expected_entropy, atol=1e-4)
     assert not ent.requires_grad

@@ -1,9 +1,10 @@
 """Token-level generation over a transformers causal LM: chunked prefill, KV cache, SGLang sampling.
 
-`ModelRunner.generate` yields one `GenStep` per sampled token with the model's raw logprob of it
-(``log_softmax`` of the logits in float32, before temperature, top-k/top-p/min-p or min-new-tokens
-masking), and the SGLang finish reason on the last step. `ModelRunner.score` is a teacher-forced pass
-that returns the same logprobs for given output tokens. torch and transformers are imported lazily.
+`ModelRunner.generate` yields one `GenStep` per sampled token with its logprob at the sampling
+temperature, as SGLang returns by default (``log_softmax(logits / T)`` in float32, T = 1 for a greedy
+request; before top-k/top-p/min-p or min-new-tokens masking), and the SGLang finish reason on the last
+step. `ModelRunner.score` is a teacher-forced pass that returns the same logprobs for given output tokens
+and temperature. torch and transformers are imported lazily.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polarproxy.choices import GREEDY_TEMPERATURE
+
 DEFAULT_PREFILL_CHUNK = 1024
 # On CPU, models below this size decode faster on one thread (thread wake-ups dominate tiny kernels).
 SINGLE_THREAD_DECODE_MAX_PARAMS = 200_000_000
-_SAMPLING_EPS = 1e-6  # temperatures below this are greedy (as in SGLang)
+_SAMPLING_EPS = GREEDY_TEMPERATURE  # temperatures below this are greedy (as in SGLang)
 
 
 class SamplingParamsError(ValueError):
@@ -132,6 +135,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _SAMPLING_EPS or self.top_k == 1
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the returned logprobs are at: SGLang's, which treats a temperature below 1e-6 as
+        greedy at temperature 1."""
+        return 1.0 if self.temperature < _SAMPLING_EPS else self.temperature
 
 
 @dataclass
@@ -309,9 +318,11 @@ class ModelRunner:
 
     # -- scoring ---------------------------------------------------------------------------------------
 
-    def score(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> list[float]:
-        """Teacher-forced logprob (float32 log_softmax) of each output token given the prompt and the
-        output tokens before it."""
+    def score(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> list[float]:
+        """Teacher-forced logprob (float32 ``log_softmax(logits / temperature)``) of each output token given
+        the prompt and the output tokens before it."""
         import torch
 
         prompt_ids, output_ids = list(prompt_ids), list(output_ids)
@@ -325,7 +336,7 @@ class ModelRunner:
         with self.lock:
             logits = self._prefill(seq[:-1], self._new_cache(), len(output_ids), None)
         assert logits is not None
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
         targets = torch.tensor(output_ids, device=logprobs.device)
         return logprobs.gather(1, targets[:, None])[:, 0].tolist()
 
@@ -386,10 +397,11 @@ class ModelRunner:
                 if self._single_thread_decode:
                     torch.set_num_threads(1)
                 output: list[int] = []
+                temperature = params.logprob_temperature
                 while True:
                     if should_stop is not None and should_stop():
                         return
-                    logprobs = torch.log_softmax(last, dim=-1)
+                    logprobs = torch.log_softmax(last / temperature if temperature != 1.0 else last, dim=-1)
                     sample_logits = last
                     if mask_ids and len(output) < params.min_new_tokens:
                         sample_logits = last.clone()

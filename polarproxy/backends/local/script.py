@@ -261,7 +261,7 @@ def scripted_steps(
     if limit == 0:
         return _emit([])
     ids = ids[:limit]
-    logprobs = runner.score(prompt, ids)
+    logprobs = runner.score(prompt, ids, temperature=params.logprob_temperature)
     steps = []
     for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True)):
         finish = None

@@ -59,7 +59,9 @@ def test_sampled_logprobs_equal_a_teacher_forced_score(random_runner):
     assert all(s.logprob <= 0 for s in steps)
 
 
-def test_logprobs_are_raw_even_when_temperature_and_top_k_shape_sampling(random_runner):
+def test_logprobs_are_at_the_sampling_temperature_as_sglang_returns_them(random_runner):
+    """SGLang's default: the logprob of the sampled token under softmax(logits / T), before top-k/top-p;
+    a greedy request's at T = 1."""
     ids = random_runner.encode("Sampling with a low temperature")
     steps = _run(
         random_runner,
@@ -71,8 +73,14 @@ def test_logprobs_are_raw_even_when_temperature_and_top_k_shape_sampling(random_
         sampling_seed=2,
         ignore_eos=True,
     )
-    scored = random_runner.score(ids, [s.token_id for s in steps])
-    assert max(abs(a - s.logprob) for a, s in zip(scored, steps, strict=True)) < 1e-4
+    tokens = [s.token_id for s in steps]
+    scaled = random_runner.score(ids, tokens, temperature=0.3)
+    raw = random_runner.score(ids, tokens)
+    assert max(abs(a - s.logprob) for a, s in zip(scaled, steps, strict=True)) < 1e-4
+    assert max(abs(a - s.logprob) for a, s in zip(raw, steps, strict=True)) > 1e-2  # not the raw ones
+    greedy = _run(random_runner, ids, temperature=0, max_new_tokens=6, ignore_eos=True)
+    at_one = random_runner.score(ids, [s.token_id for s in greedy])
+    assert max(abs(a - s.logprob) for a, s in zip(at_one, greedy, strict=True)) < 1e-4
 
 
 def test_chunked_prefill_matches_a_single_chunk(random_runner):
