@@ -75,12 +75,15 @@ def _episode_body(
     harness: str | None,
     metadata: dict[str, Any] | None,
     command: list[str] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"task": task, "group": group, "harness": harness}
     if metadata:
         body["metadata"] = metadata
     if command:
         body["command"] = command
+    if sampling:
+        body["sampling"] = sampling
     return body
 
 
@@ -150,9 +153,11 @@ class Client:
         harness: str | None = None,
         metadata: dict[str, Any] | None = None,
         command: list[str] | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> EpisodeHandle:
-        """A new episode; `command`: the harness's command line, shown by `ls` (secrets redacted)."""
-        body = _episode_body(task, group, harness, metadata, command)
+        """A new episode; `command`: the harness's command line, shown by `ls` (secrets redacted);
+        `sampling`: its own `temperature`, `top_p`, `top_k` and `policy`, over the gateway's flags."""
+        body = _episode_body(task, group, harness, metadata, command, sampling)
         return _handle(_check(self._http.post("/polarproxy/v1/episodes", json=body)))
 
     def reward(self, episode_id: str, reward: float, *, call: int | None = None) -> dict[str, Any]:
@@ -254,8 +259,9 @@ class AsyncClient:
         harness: str | None = None,
         metadata: dict[str, Any] | None = None,
         command: list[str] | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> EpisodeHandle:
-        body = _episode_body(task, group, harness, metadata, command)
+        body = _episode_body(task, group, harness, metadata, command, sampling)
         return _handle(_check(await self._http.post("/polarproxy/v1/episodes", json=body)))
 
     async def reward(self, episode_id: str, reward: float, *, call: int | None = None) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class ControlAPI(Protocol):
 
     async def answer(self, flow: http.HTTPFlow) -> bool: ...
 
+    async def sampling_for(self, episode_id: str) -> dict[str, Any] | None: ...
+
 
 class Recorder:
     """mitmproxy addon. Build it with a ready `gateway` (in process) or configure it with options."""
@@ -350,8 +352,14 @@ class Recorder:
         start.model = conv.model
         start.stream = conv.stream
         start.conversation = conv  # made plain data by the store writer, off the event loop
+        sampling = await self.control.sampling_for(episode) if self.control is not None else None
         call = PendingCall(
-            flow_id=flow.id, episode_id=episode, dialect=dialect, conversation=conv, start=start
+            flow_id=flow.id,
+            episode_id=episode,
+            dialect=dialect,
+            conversation=conv,
+            start=start,
+            sampling=sampling,
         )
         del conv, start  # held by `call` alone from here (see below)
         if not call.conversation.stream:  # a whole answer: made here, no hop through the responder

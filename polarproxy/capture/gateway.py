@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import secrets
 import time
 from array import array
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from polarproxy.backends.base import Backend, BackendError, GenerateParams, Generation
 from polarproxy.capture.bodies import MAX_BODY_BYTES
+from polarproxy.choices import SAMPLING_POLICIES
 from polarproxy.conversation import Completion, Conversation, FinishReason, Usage
 from polarproxy.dialects.base import Dialect, StreamWriter, answer_signature
 from polarproxy.render.decoder import OutputDecoder, output_decoder
@@ -97,6 +99,8 @@ class PendingCall:
     start: CallStart  # request side of the record, already redacted
     received: float = field(default_factory=time.perf_counter)
     prompt_fold: str | None = None  # the fold its prompt needed (T2 renders continuations the same way)
+    # its episode's own sampling values (`sampling` of POST /polarproxy/v1/episodes), over the flags'
+    sampling: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -125,14 +129,63 @@ CHARS_PER_TOKEN_BOUND = 64  # no token of a byte-level vocabulary covers more ch
 FULL_DISTRIBUTION = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
 
 
-def sent_sampling(conv_sampling: Any, options: GatewayOptions) -> dict[str, Any]:
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "policy")  # an episode's `sampling` object
+
+
+def check_sampling(
+    temperature: float | None, top_p: float | None, top_k: int | None, *, flags: bool = True
+) -> None:
+    """Raise ValueError naming a sampling value out of range (`flags`: named as the CLI's flags, else as
+    the control API's keys)."""
+    t_name, p_name, k_name = ("--temperature", "--top-p", "--top-k") if flags else SAMPLING_KEYS[:3]
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"{t_name} {temperature} must be >= 0.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"{p_name} {top_p} must be in (0, 1].")
+    if top_k is not None and top_k < 1 and top_k != -1:
+        raise ValueError(f"{k_name} {top_k} must be -1 (off) or at least 1.")
+
+
+def episode_sampling(value: Any) -> dict[str, Any] | None:
+    """The `sampling` object of POST /polarproxy/v1/episodes, checked: `temperature`, `top_p`, `top_k` and
+    `policy` (harness | override), each optional. ValueError names the bad key or value."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"'sampling' must be a JSON object with keys {', '.join(SAMPLING_KEYS)}, got {value!r}."
+        )
+    unknown = sorted(set(value) - set(SAMPLING_KEYS))
+    if unknown:
+        raise ValueError(f"Unknown 'sampling' keys {unknown}. Allowed: {', '.join(SAMPLING_KEYS)}.")
+    numbers = {"temperature": (int, float), "top_p": (int, float), "top_k": (int,)}
+    for key, types in numbers.items():
+        v = value.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, types)):
+            kind = "an integer" if key == "top_k" else "a number"
+            raise ValueError(f"'sampling.{key}' must be {kind} or null, got {v!r}.")
+    check_sampling(value.get("temperature"), value.get("top_p"), value.get("top_k"), flags=False)
+    policy = value.get("policy")
+    if policy is not None and policy not in SAMPLING_POLICIES:
+        raise ValueError(f"'sampling.policy' {policy!r} is not one of {', '.join(SAMPLING_POLICIES)}.")
+    return {k: value[k] for k in SAMPLING_KEYS if value.get(k) is not None} or None
+
+
+def sent_sampling(
+    conv_sampling: Any, options: GatewayOptions, episode: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The temperature, top_p and top_k sent to the backend for a call, the seed if one was sent, and who
-    chose each (`chosen_by`: harness, flag or default)."""
+    chose each (`chosen_by`: harness, episode (its `sampling`, over the flags), flag or default)."""
+    episode = episode or {}
+    policy = episode.get("policy") or options.sampling_policy
     sent: dict[str, Any] = {"chosen_by": {}}
     for name, default in FULL_DISTRIBUTION.items():
-        asked, flag = getattr(conv_sampling, name), getattr(options, name)
-        if flag is not None and (options.sampling_policy == "override" or asked is None):
-            value, who = flag, "flag"
+        asked = getattr(conv_sampling, name)
+        given, by = (
+            (episode[name], "episode") if episode.get(name) is not None else (getattr(options, name), "flag")
+        )
+        if given is not None and (policy == "override" or asked is None):
+            value, who = given, by
         elif asked is not None:
             value, who = asked, "harness"
         else:
@@ -184,9 +237,10 @@ class Gateway:
 
     # -- parameters -----------------------------------------------------------------------------
 
-    def params(self, conv: Conversation) -> GenerateParams:
+    def params(self, conv: Conversation, sent: dict[str, Any] | None = None) -> GenerateParams:
+        """The backend's parameters for a call; `sent`: its `sent_sampling` (None: the flags')."""
         s = conv.sampling
-        sent = sent_sampling(s, self.options)
+        sent = sent if sent is not None else sent_sampling(s, self.options)
         return GenerateParams(
             max_new_tokens=s.max_tokens if s.max_tokens is not None else self.options.max_tokens_default,
             temperature=sent["temperature"],
@@ -224,7 +278,8 @@ class Gateway:
         start = call.start
         start.backend = self.backend.url
         start.backend_kind = self.backend.kind
-        start.sampling_sent = sent_sampling(conv.sampling, self.options)  # recorded: what was sent, by whom
+        # recorded: what was sent, by whom
+        start.sampling_sent = sent_sampling(conv.sampling, self.options, call.sampling)
         start.temperature = start.sampling_sent["temperature"]
         begin: asyncio.Future[tuple[str, int]] | None = None
         if not self.renderer.loaded:  # a deferred tokenizer (Renderer(defer=True)) still loading
@@ -575,7 +630,7 @@ class _CallRun:
 
     async def complete(self) -> None:
         gw = self.gw
-        params = gw.params(self.call.conversation)
+        params = gw.params(self.call.conversation, self.call.start.sampling_sent)
         try:
             async for gen in self._generate(params, stream=False):
                 self.gen = gen
@@ -607,7 +662,7 @@ class _CallRun:
     async def stream(self) -> None:
         gw = self.gw
         conv = self.call.conversation
-        params = gw.params(conv)
+        params = gw.params(conv, self.call.start.sampling_sent)
         writer = self._writer = self.dialect.stream_writer(
             conv,
             response_id=self.response_id,

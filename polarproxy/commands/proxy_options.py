@@ -183,12 +183,12 @@ def proxy_config(
         max_body_bytes=body_cap,
     )
     temperature, top_p, top_k, policy = sampling
-    if temperature is not None and not temperature >= 0:
-        usage_fail(f"--temperature {temperature} must be >= 0.")
-    if top_p is not None and not 0 < top_p <= 1:
-        usage_fail(f"--top-p {top_p} must be in (0, 1].")
-    if top_k is not None and top_k < 1 and top_k != -1:
-        usage_fail(f"--top-k {top_k} must be -1 (off) or at least 1.")
+    from polarproxy.capture.gateway import check_sampling
+
+    try:
+        check_sampling(temperature, top_p, top_k)
+    except ValueError as e:
+        usage_fail(str(e))
     cfg.temperature, cfg.top_p, cfg.top_k = temperature, top_p, top_k
     cfg.sampling_policy = policy.value if policy is not None else "harness"
     cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value

@@ -159,11 +159,16 @@ def rollout(
         usage_fail(
             "--serve and --backend/--model/--db exclude each other.", "The running gateway has its own."
         )
+    episode_sampling = None  # under --serve the values travel with each episode (its `sampling`)
     if serve is not None and (temperature, top_p, top_k) != (None, None, None):
-        usage_fail(
-            "--temperature, --top-p and --top-k set the in-process gateway's sampling; a running serve has its own.",
-            "Start `polarproxy serve` with them, or drop --serve.",
-        )
+        from polarproxy.capture.gateway import check_sampling
+
+        try:
+            check_sampling(temperature, top_p, top_k)
+        except ValueError as e:
+            usage_fail(str(e))
+        given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "policy": sampling_policy.value}
+        episode_sampling = {k: v for k, v in given.items() if v is not None}
     if serve is not None and not control_token:
         usage_fail("--serve needs --control-token (or POLARPROXY_CONTROL_TOKEN).")
     if ray is not None:
@@ -250,6 +255,7 @@ def rollout(
                 "max_workspace_bytes": workspace_cap,
                 "limits": limits,
             },
+            sampling=episode_sampling,
         )
     except PolarproxyError as e:
         fail(e.message, e.hint)
@@ -325,6 +331,7 @@ def run_rollout(
     progress: bool,
     ray: Any = None,
     sandbox: dict[str, Any] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Start (or reach) the gateway, run the plan, return (summary, whether every episode finished)."""
     import tempfile
@@ -381,7 +388,7 @@ def run_rollout(
         episodes: Any = LocalGateway(cfg)
     else:
         assert serve is not None and control_token is not None
-        episodes = ControlEpisodes(serve, control_token)
+        episodes = ControlEpisodes(serve, control_token, sampling)
         try:
             episodes.check()
         except BaseException:

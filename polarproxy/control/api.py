@@ -3,7 +3,7 @@
 Routes (JSON in and out; with a control token, each needs `Authorization: Bearer TOKEN`):
 
     GET  /health                                   status, version, uptime, default episode (no token needed)
-    POST /polarproxy/v1/episodes                   {task, group, harness, metadata, command}
+    POST /polarproxy/v1/episodes                   {task, group, harness, metadata, command, sampling}
                                                    -> {episode_id, api_key, base_urls}
     GET  /polarproxy/v1/episodes?status=&task=&group=&limit=
     POST /polarproxy/v1/episodes/{id}/finish       {exit_code, reward}
@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from polarproxy.capture.gateway import episode_sampling
 from polarproxy.choices import ESTIMATORS, GROUPS_MODES, STD_ESTIMATORS, STRATEGIES, one_of
 from polarproxy.control.routes import Refusal, Routes, request_key
 from polarproxy.control.stream import collect, decode_cursor, encode_cursor
@@ -72,6 +73,8 @@ HEALTH_PATH = "/health"
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 _EPISODE_ACTION = re.compile(f"^/polarproxy/v1/episodes/({EPISODE_ID})/(finish|reward)/?$")
 MAX_WAIT_S = 300.0
+SAMPLING_METADATA = "sampling"  # the episode metadata key that holds its own sampling values
+MAX_SAMPLING_CACHED = 100_000  # episodes whose sampling values a proxy keeps in memory
 POLL_S = 0.25  # how often a long poll looks for episodes finished by other proxies on the same database
 DEFAULT_LIMIT = 100
 
@@ -99,6 +102,9 @@ class Control:
         self._finished = asyncio.Event()  # set (and replaced) whenever an episode is finished here
         self.routes = Routes()
         self.refused: Counter[str] = Counter()  # refusals by reason, for /health
+        # each episode's own sampling values (`sampling` of POST /polarproxy/v1/episodes), also stored in its
+        # metadata for the other proxies on the database; None: the flags'
+        self._sampling: dict[str, dict[str, Any] | None] = {}
 
     @property
     def store(self) -> Store:
@@ -116,6 +122,25 @@ class Control:
         if isinstance(decided, Refusal):
             self.refused[decided.code] += 1
         return decided
+
+    async def sampling_for(self, episode_id: str) -> dict[str, Any] | None:
+        """The episode's own sampling values (None: the flags'); for an episode created by another proxy on
+        the database, read from its metadata once."""
+        if episode_id in self._sampling:
+            return self._sampling[episode_id]
+        try:
+            metadata = await asyncio.to_thread(keys.episode_metadata, self.store, episode_id)
+            found = (metadata or {}).get(SAMPLING_METADATA)
+        except Exception:  # the store is down: the flags'
+            found = None
+        sampling = found if isinstance(found, dict) else None
+        self._remember_sampling(episode_id, sampling)
+        return sampling
+
+    def _remember_sampling(self, episode_id: str, sampling: dict[str, Any] | None) -> None:
+        if len(self._sampling) >= MAX_SAMPLING_CACHED:  # the oldest first
+            self._sampling.pop(next(iter(self._sampling)))
+        self._sampling[episode_id] = sampling
 
     def open_refusal(self, req: http.Request) -> Refusal | None:
         """Without a control token (loopback use), what keeps a web page elsewhere out: a Host that is not a
@@ -295,7 +320,7 @@ class Control:
         return True
 
     async def _create(self, flow: http.HTTPFlow) -> None:
-        body = _body(flow, {"task", "group", "harness", "metadata", "command"})
+        body = _body(flow, {"task", "group", "harness", "metadata", "command", "sampling"})
         for name in ("task", "group", "harness"):
             if body.get(name) is not None and not isinstance(body[name], str):
                 raise BadRequest(f"'{name}' must be a string, got {body[name]!r}.")
@@ -307,15 +332,23 @@ class Control:
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise BadRequest(f"'metadata' must be a JSON object, got {metadata!r}.")
+        try:
+            sampling = episode_sampling(body.get("sampling"))
+        except ValueError as e:
+            raise BadRequest(str(e)) from e
+        metadata = {**self.metadata, **metadata}
+        if sampling is not None:
+            metadata[SAMPLING_METADATA] = sampling
         episode_id = await self.writer.create_episode(
             EpisodeStart(
                 command=redact_argv(command),
                 harness=body.get("harness"),
                 task=body.get("task"),
                 group_id=body.get("group"),
-                metadata={**self.metadata, **metadata},
+                metadata=metadata,
             )
         )
+        self._remember_sampling(episode_id, sampling)
         key = keys.new_key()
         try:
             await asyncio.to_thread(keys.add_key, self.store, episode_id, key)
@@ -366,6 +399,7 @@ class Control:
         from polarproxy.store.records import RewardOrigin
 
         self.routes.drop(episode_id)  # its calls are refused from now on (read again, they find it finished)
+        self._sampling.pop(episode_id, None)
         try:
             if reward is not None:
                 await self.writer.set_rewards(

@@ -69,9 +69,10 @@ def _control_error(url: str, e: Exception) -> UsageError:
 
 
 class ControlEpisodes:
-    """Episodes through a control API at `url`."""
+    """Episodes through a control API at `url`; `sampling`: every episode's own sampling values (the
+    `sampling` of POST /polarproxy/v1/episodes), None for the gateway's."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, sampling: dict[str, Any] | None = None) -> None:
         from polarproxy.client import Client
 
         self.url = url.rstrip("/")
@@ -80,6 +81,7 @@ class ControlEpisodes:
         self.port = urlsplit(self.url).port or 80
         self.db = self.url
         self.client = Client(self.url, token)
+        self.sampling = sampling
 
     def _do(self, fn: Any, *args: Any, **kw: Any) -> Any:
         import httpx
@@ -110,6 +112,7 @@ class ControlEpisodes:
             harness=harness,
             metadata=metadata,
             command=command,
+            sampling=self.sampling,
         )
         return handle
 

@@ -12,8 +12,9 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import orjson
 from sqlalchemy import and_, select, text
 
 from polarproxy.store import owners, schema
@@ -119,6 +120,13 @@ def episode_state(store: Store, episode_id: str) -> tuple[str, str | None] | Non
     with store._read() as conn:
         row = conn.execute(select(E.c.status, E.c.writer_id).where(E.c.id == episode_id)).first()
     return None if row is None else (str(row.status), row.writer_id)
+
+
+def episode_metadata(store: Store, episode_id: str) -> dict[str, Any] | None:
+    """The metadata of the episode with exactly this ID, or None when there is no such episode."""
+    with store._read() as conn:
+        row = conn.execute(select(E.c.metadata_json).where(E.c.id == episode_id)).first()
+    return None if row is None else orjson.loads(row.metadata_json)
 
 
 def writer_alive(store: Store, writer_id: str, *, stale_after: float = owners.STALE_AFTER_S) -> bool:

@@ -244,3 +244,55 @@ def test_serve_beyond_loopback_needs_a_control_token(tiny_model_dir, tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2 and "--control-token" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_each_episode_carries_its_own_sampling_to_every_proxy_on_the_database(serving, tmp_path):
+    """`sampling` of POST /polarproxy/v1/episodes: the episode's values stand in for the gateway's flags
+    (here none) on every call, on this proxy and on another one sharing the database; a bad value is a
+    400 that names it and creates nothing."""
+    a = serving(token=TOKEN)
+    ctl = {"authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=a.url, timeout=30) as h:
+        for bad, named in [
+            ({"temperature": -1}, "temperature -1 must be >= 0"),
+            ({"top_p": 0}, "top_p 0 must be in"),
+            ({"top_k": 1.5}, "'sampling.top_k' must be an integer"),
+            ({"policy": "mine"}, "'sampling.policy' 'mine' is not one of harness, override"),
+            ({"temp": 1}, "Unknown 'sampling' keys ['temp']"),
+            ("hot", "'sampling' must be a JSON object"),
+        ]:
+            r = h.post("/polarproxy/v1/episodes", json={"sampling": bad}, headers=ctl)
+            assert r.status_code == 400 and named in r.text, (bad, r.text)
+        sampled = {"temperature": 0.6, "top_p": 0.9, "policy": "override"}
+        one = h.post("/polarproxy/v1/episodes", json={"sampling": sampled}, headers=ctl).json()
+        plain = h.post("/polarproxy/v1/episodes", json={}, headers=ctl).json()
+        auth = {"authorization": f"Bearer {one['api_key']}"}
+        assert h.post("/v1/chat/completions", json=CHAT, headers=auth).status_code == 200
+        asks = {
+            **CHAT,
+            "temperature": 0.2,
+            "top_k": 5,
+        }  # override: the episode's values win; top_k is the harness's
+        assert h.post("/v1/chat/completions", json=asks, headers=auth).status_code == 200
+        plain_auth = {"authorization": f"Bearer {plain['api_key']}"}
+        assert h.post("/v1/chat/completions", json=CHAT, headers=plain_auth).status_code == 200
+    a.stop()  # (one mitmproxy per process: the other proxy on the database starts after this one)
+    b = serving(token=TOKEN)
+    with httpx.Client(base_url=b.url, timeout=30) as h:  # another proxy reads it from the episode
+        assert h.post("/v1/chat/completions", json=CHAT, headers=auth).status_code == 200
+    with Store.open(tmp_path / "s.db") as store:
+        calls = store.list_calls(one["episode_id"])
+        sent = [c.conversation["sent_sampling"] for c in calls]
+        assert [c.temperature for c in calls] == [0.6, 0.6, 0.6]
+        assert [(s["top_p"], s["top_k"]) for s in sent] == [(0.9, -1), (0.9, 5), (0.9, -1)]
+        assert [s["chosen_by"]["temperature"] for s in sent] == ["episode"] * 3
+        assert sent[1]["chosen_by"]["top_k"] == "harness"
+        (other,) = store.list_calls(plain["episode_id"])
+        assert (
+            other.temperature == 1.0
+            and other.conversation["sent_sampling"]["chosen_by"]["temperature"] == "default"
+        )
+        assert store.get_episode(one["episode_id"]).metadata["sampling"] == sampled
+        assert (
+            len(store.list_episodes(limit=None)) == 2 + 2
+        )  # the two proxies' default episodes, and these two

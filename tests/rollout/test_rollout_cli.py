@@ -184,6 +184,8 @@ def test_rollout_against_a_running_serve_through_its_control_api(
             ready += line
         url = json.loads(ready)["url"]
         env_args = [str(EXAMPLE / "tasks.jsonl"), "--serve", url, "--isolation", "none", "--samples", "2"]
+        # travels with each episode (its `sampling`) to the serve; override: the agent sends 1.0 itself
+        env_args += ["--temperature", "0.7", "--sampling-policy", "override"]
         proc = subprocess.run(
             rollout_argv(*env_args, "--json", "--", sys.executable, str(AGENT)),
             capture_output=True,
@@ -203,6 +205,9 @@ def test_rollout_against_a_running_serve_through_its_control_api(
     try:
         eps = [e for e in store.list_episodes(limit=None) if e.task]
         assert len(eps) == 4 and all(e.status == "ok" and e.calls == 1 for e in eps)
+        calls = [c for e in eps for c in store.list_calls(e.id)]
+        assert [c.temperature for c in calls] == [0.7] * 4
+        assert {c.conversation["sent_sampling"]["chosen_by"]["temperature"] for c in calls} == {"episode"}
         assert {e.group_id for e in eps} == {
             f"{summary['rollout_id']}:greet",
             f"{summary['rollout_id']}:shout",
