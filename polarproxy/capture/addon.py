@@ -121,6 +121,13 @@ class Recorder:
             "it from /v1/chat/completions.",
         )
         loader.add_option(
+            "polarproxy_backend_logprobs",
+            str,
+            "",
+            "What the backend's logprobs are: scaled (log_softmax(logits / T)) or raw. Default: the backend "
+            "kind's (SGLang and local: scaled; vLLM: raw).",
+        )
+        loader.add_option(
             "polarproxy_db",
             str,
             "",
@@ -171,6 +178,7 @@ class Recorder:
             )
         from polarproxy.backends.selection import KINDS, MODES, SelectionError, check_choice
         from polarproxy.capture.stack import ProxyConfig
+        from polarproxy.choices import BACKEND_LOGPROBS
         from polarproxy.errors import PolarproxyError
         from polarproxy.render.family import check_reasoning_format, check_tool_format
         from polarproxy.render.prefix import check_policy
@@ -183,6 +191,9 @@ class Recorder:
             reasoning_format = check_reasoning_format(reasoning) if reasoning else None
             kind = check_choice(opts.polarproxy_backend_kind or None, KINDS, "backend kind")
             mode = check_choice(opts.polarproxy_backend_mode, MODES, "backend mode")
+            logprobs = check_choice(
+                opts.polarproxy_backend_logprobs or None, BACKEND_LOGPROBS, "backend logprobs"
+            )
             model = Renderer(opts.polarproxy_model, defer=True).model_dir  # the folder checked, not loaded
         except PolarproxyError as e:
             raise exceptions.OptionsError(f"{e.message} {e.hint or ''}".strip()) from e
@@ -195,6 +206,7 @@ class Recorder:
             max_tokens_default=opts.polarproxy_max_tokens,
             backend_kind=kind,
             backend_mode=mode or "tokens",
+            backend_logprobs=logprobs,
             prefix_policy=policy,
             tool_format=tool_format,
             reasoning_format=reasoning_format,

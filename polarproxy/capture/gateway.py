@@ -25,6 +25,7 @@ from polarproxy.capture.bodies import MAX_BODY_BYTES
 from polarproxy.choices import SAMPLING_POLICIES
 from polarproxy.conversation import Completion, Conversation, FinishReason, Usage
 from polarproxy.dialects.base import Dialect, StreamWriter, answer_signature
+from polarproxy.logprob_semantics import logprob_temperature
 from polarproxy.render.decoder import OutputDecoder, output_decoder
 from polarproxy.render.family import (
     OutputFormat,
@@ -117,6 +118,8 @@ class GatewayOptions:
     top_p: float | None = None
     top_k: int | None = None
     sampling_policy: str = "harness"  # harness: a value the harness sends wins | override: the flag wins
+    # `--backend-logprobs scaled|raw`: what the backend's logprobs are; None: its kind's default
+    backend_logprobs: str | None = None
 
 
 MAX_TOOLS = 1024  # tools one request may offer (real harnesses offer 4-30)
@@ -281,6 +284,9 @@ class Gateway:
         # recorded: what was sent, by whom
         start.sampling_sent = sent_sampling(conv.sampling, self.options, call.sampling)
         start.temperature = start.sampling_sent["temperature"]
+        start.logprob_temperature = logprob_temperature(
+            self.backend.kind, start.temperature, self.options.backend_logprobs
+        )
         begin: asyncio.Future[tuple[str, int]] | None = None
         if not self.renderer.loaded:  # a deferred tokenizer (Renderer(defer=True)) still loading
             try:
@@ -318,6 +324,7 @@ class Gateway:
                 return
             too_long = self._over_context(conv, "", len(prompt.tokens))
             if too_long is not None:  # the backend would refuse it after a prefill's worth of work
+                start.prompt_ids = prompt.tokens  # the refused prompt is kept with the record
                 await self.record_failure(start, status="failed", error=too_long, http_status=400)
                 await respond(
                     sink, 400, JSON_HEADERS, dialect.error(400, too_long, "context_length_exceeded")
@@ -362,11 +369,11 @@ class Gateway:
             return None
         if prompt_tokens is None and len(body) > context * CHARS_PER_TOKEN_BOUND:
             return (
-                f"The request is {len(body)} characters: more than the model's context of {context} tokens can "
-                "hold (it was not tokenized)."
+                f"The request is {len(body)} characters: more than the model's context length of {context} "
+                "tokens can hold (it was not tokenized)."
             )
         if prompt_tokens is not None and prompt_tokens >= context:
-            return f"The prompt is {prompt_tokens} tokens; the model's context is {context}."
+            return f"The prompt is {prompt_tokens} tokens; the model's context length is {context} tokens."
         return None
 
     async def record_failure(self, start: CallStart, *, status: str, error: str, http_status: int) -> None:

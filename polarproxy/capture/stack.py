@@ -50,6 +50,8 @@ class ProxyConfig:
     top_p: float | None = None
     top_k: int | None = None
     sampling_policy: str = "harness"
+    # `--backend-logprobs scaled|raw`; None: the backend kind's default (logprob_semantics.py)
+    backend_logprobs: str | None = None
 
 
 @dataclass
@@ -85,6 +87,7 @@ async def open_stack(cfg: ProxyConfig, *, defer_tokenizer: bool = True) -> Stack
             top_p=cfg.top_p,
             top_k=cfg.top_k,
             sampling_policy=cfg.sampling_policy,
+            backend_logprobs=cfg.backend_logprobs,
         ),
     )
     gateway.prefixes.loader = store_turns(store, renderer)  # T2 across proxies: the store backs the index

@@ -15,6 +15,7 @@ def choice_enum(name: str, values: tuple[str, ...]) -> type[StrEnum]:
 
 BackendKind = choice_enum("BackendKind", choices.BACKEND_KINDS)
 BackendMode = choice_enum("BackendMode", choices.BACKEND_MODES)
+BackendLogprobs = choice_enum("BackendLogprobs", choices.BACKEND_LOGPROBS)
 PrefixPolicy = choice_enum("PrefixPolicy", choices.PREFIX_POLICIES)
 ToolFormat = choice_enum("ToolFormat", choices.TOOL_FORMATS)
 ReasoningFormat = choice_enum("ReasoningFormat", choices.REASONING_FORMATS)
@@ -38,6 +39,7 @@ PauseMode = choice_enum("PauseMode", choices.PAUSE_MODES)
 SOURCES: dict[type[StrEnum], tuple[str, ...]] = {
     BackendKind: choices.BACKEND_KINDS,
     BackendMode: choices.BACKEND_MODES,
+    BackendLogprobs: choices.BACKEND_LOGPROBS,
     PrefixPolicy: choices.PREFIX_POLICIES,
     ToolFormat: choices.TOOL_FORMATS,
     ReasoningFormat: choices.REASONING_FORMATS,

@@ -9,6 +9,7 @@ import typer
 
 from polarproxy.commands.enums import (
     BackendKind,
+    BackendLogprobs,
     BackendMode,
     PrefixPolicy,
     ReasoningFormat,
@@ -40,6 +41,17 @@ BackendModeOpt = Annotated[
         envvar="POLARPROXY_BACKEND_MODE",
         help="tokens: polarproxy renders the prompt and sends token IDs; chat: the server applies its own "
         "template to /v1/chat/completions (records are server-rendered; prompts are not prefix-preserving).",
+    ),
+]
+BackendLogprobsOpt = Annotated[
+    BackendLogprobs | None,
+    typer.Option(
+        "--backend-logprobs",
+        envvar="POLARPROXY_BACKEND_LOGPROBS",
+        help="What the backend's logprobs are: scaled, log_softmax(logits / T) (SGLang's and the local "
+        "backend's default); raw, log_softmax(logits) (vLLM's default, or SGLang with "
+        "SGLANG_RETURN_ORIGINAL_LOGPROB=1). Default: the backend kind's. Recorded per call as its logprob "
+        "temperature, which `train` scores at.",
     ),
 ]
 MaxTokensOpt = Annotated[int, typer.Option(help="max_new_tokens when a request sets none.")]
@@ -146,6 +158,7 @@ def proxy_config(
     group: str | None = None,
     max_body_bytes: str = "32M",
     sampling: tuple[float | None, float | None, int | None, Any] = (None, None, None, None),
+    backend_logprobs: BackendLogprobs | None = None,
 ) -> Any:
     """The `ProxyConfig` for these options, or `Error:` naming the option that is missing or wrong (checked
     before the proxy's modules are imported, so a mistake is told at once)."""
@@ -192,6 +205,7 @@ def proxy_config(
     cfg.temperature, cfg.top_p, cfg.top_k = temperature, top_p, top_k
     cfg.sampling_policy = policy.value if policy is not None else "harness"
     cfg.backend_kind, cfg.backend_mode = backend_kind and backend_kind.value, backend_mode.value
+    cfg.backend_logprobs = backend_logprobs and backend_logprobs.value
     cfg.prefix_policy = prefix_policy.value
     cfg.tool_format = tool_format and tool_format.value
     cfg.reasoning_format = reasoning_format and reasoning_format.value

@@ -11,6 +11,7 @@ import typer
 from polarproxy.commands.enums import BackendMode, PrefixPolicy, RewardFrom, SamplingPolicy
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
+    BackendLogprobsOpt,
     BackendModeOpt,
     BackendOpt,
     MaxBodyOpt,
@@ -113,6 +114,7 @@ def record(
     backend: BackendOpt = None,
     backend_kind: BackendKindOpt = None,
     backend_mode: BackendModeOpt = BackendMode.tokens,
+    backend_logprobs: BackendLogprobsOpt = None,
     model: ModelOpt = None,
     db: DbOpt = None,
     port: Annotated[int, typer.Option(help="Proxy port (0: any free port).")] = 0,
@@ -230,6 +232,7 @@ def record(
                     ("--api", api is not None),
                     ("--model-name", model_name is not None),
                     ("--backend-mode", backend_mode is not BackendMode.tokens),
+                    ("--backend-logprobs", backend_logprobs is not None),
                     ("--reward-cmd", reward_cmd is not None),
                 )
                 if given
@@ -269,6 +272,7 @@ def record(
         max_tokens,
         backend_kind=backend_kind,
         backend_mode=backend_mode,
+        backend_logprobs=backend_logprobs,
         prefix_policy=prefix_policy,
         tool_format=tool_format,
         reasoning_format=reasoning_format,

@@ -12,6 +12,7 @@ import typer
 from polarproxy.commands.enums import BackendMode, Isolation, RewardFrom, SamplingPolicy
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
+    BackendLogprobsOpt,
     BackendModeOpt,
     BackendOpt,
     MaxBodyOpt,
@@ -52,6 +53,7 @@ def rollout(
     backend: BackendOpt = None,
     backend_kind: BackendKindOpt = None,
     backend_mode: BackendModeOpt = BackendMode.tokens,
+    backend_logprobs: BackendLogprobsOpt = None,
     model: ModelOpt = None,
     db: DbOpt = None,
     max_tokens: MaxTokensOpt = 4096,
@@ -169,6 +171,11 @@ def rollout(
             usage_fail(str(e))
         given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "policy": sampling_policy.value}
         episode_sampling = {k: v for k, v in given.items() if v is not None}
+    if serve is not None and backend_logprobs is not None:
+        usage_fail(
+            "--backend-logprobs says what the gateway's backend returns; a running serve knows its own.",
+            "Start `polarproxy serve` with it, or drop --serve.",
+        )
     if serve is not None and not control_token:
         usage_fail("--serve needs --control-token (or POLARPROXY_CONTROL_TOKEN).")
     if ray is not None:
@@ -222,6 +229,7 @@ def rollout(
             max_tokens,
             backend_kind=backend_kind,
             backend_mode=backend_mode,
+            backend_logprobs=backend_logprobs,
             harness=harness,
             max_body_bytes=max_body_bytes,
             sampling=(temperature, top_p, top_k, sampling_policy),

@@ -11,6 +11,7 @@ import typer
 from polarproxy.commands.enums import BackendMode, PrefixPolicy, SamplingPolicy
 from polarproxy.commands.proxy_options import (
     BackendKindOpt,
+    BackendLogprobsOpt,
     BackendModeOpt,
     BackendOpt,
     MaxBodyOpt,
@@ -31,6 +32,7 @@ def serve(
     backend: BackendOpt = None,
     backend_kind: BackendKindOpt = None,
     backend_mode: BackendModeOpt = BackendMode.tokens,
+    backend_logprobs: BackendLogprobsOpt = None,
     model: ModelOpt = None,
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -72,6 +74,7 @@ def serve(
         max_tokens,
         backend_kind=backend_kind,
         backend_mode=backend_mode,
+        backend_logprobs=backend_logprobs,
         prefix_policy=prefix_policy,
         tool_format=tool_format,
         reasoning_format=reasoning_format,

@@ -72,4 +72,5 @@ def call_from_row(row: Row[Any], rebuilder: Rebuilder, bodies: BodyRebuilder, *,
         temperature=temperature,
         weight_version_first=m["weight_version_first"],
         weight_version_last=m["weight_version_last"],
+        recorded_logprob_temperature=m["logprob_temperature"],
     )

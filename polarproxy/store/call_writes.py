@@ -76,6 +76,7 @@ BEGIN_COLUMNS = (
     "render_note",
     "started_at",
     "temperature",
+    "logprob_temperature",
 )
 FINISH_COLUMNS = (
     "status",
@@ -393,6 +394,7 @@ class CallWritesMixin:
             "render_note": start.render_note,
             "started_at": start.started_at or time.time(),
             "temperature": _temperature(start, conversation),
+            "logprob_temperature": start.logprob_temperature,
         }
         row = in_order(values, BEGIN_COLUMNS)
         if self.dialect == "postgresql":  # a model name or a note may hold a NUL

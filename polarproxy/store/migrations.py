@@ -252,3 +252,11 @@ def m006_episode_keys(conn: Connection) -> None:
     )
     meta.tables["episode_keys"].create(conn)
     meta.tables["episode_finishes"].create(conn)
+
+
+@migration
+def m007_logprob_temperature(conn: Connection) -> None:
+    """Issue 41 (logprobs at the sampler's temperature): per call, the temperature the backend's logprobs
+    are at (scaled: the sampling temperature; raw: 1). NULL for older calls: derived from the backend kind
+    on read."""
+    conn.execute(text("ALTER TABLE calls ADD COLUMN logprob_temperature FLOAT"))

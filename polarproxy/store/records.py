@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from polarproxy.choices import DEFAULT_BACKEND_LOGPROBS, GREEDY_TEMPERATURE
 from polarproxy.conversation import Conversation
+from polarproxy.logprob_semantics import logprob_temperature
 
 CallStatus = Literal["in_flight", "ok", "failed", "aborted", "interrupted"]
 EpisodeStatus = Literal["running", "ok", "failed", "interrupted"]
@@ -57,6 +57,8 @@ class CallStart:
     # The sampling temperature the backend is asked for (the logprobs depend on it). None: the store takes
     # the conversation's (`sampling.temperature`); None there too means the backend's default.
     temperature: float | None = None
+    # The temperature the backend's logprobs are at (logprob_semantics.py); None: not known
+    logprob_temperature: float | None = None
     # What the gateway sent the backend and who chose each value (capture/gateway.py `sent_sampling`):
     # stored with the conversation as its `sent_sampling` member.
     sampling_sent: dict[str, Any] | None = None
@@ -158,6 +160,7 @@ class Call:
     temperature: float | None = None  # None: the request set none (the backend's default applied)
     weight_version_first: str | None = None
     weight_version_last: str | None = None
+    recorded_logprob_temperature: float | None = None  # m007; None: recorded before (see logprob_temperature)
 
     @property
     def mixed_weight_versions(self) -> bool:
@@ -167,16 +170,11 @@ class Call:
 
     @property
     def logprob_temperature(self) -> float | None:
-        """The temperature the call's logprobs are at: its sampling temperature for a backend that returns
-        scaled logprobs (1 for a greedy call), 1 for one that returns raw logprobs
-        (`choices.DEFAULT_BACKEND_LOGPROBS`); None where unknown: a scaling backend asked for no
-        temperature (its server's hidden default applied), or a provider (no logprobs)."""
-        semantics = DEFAULT_BACKEND_LOGPROBS.get(self.backend_kind)
-        if semantics == "raw":
-            return 1.0
-        if semantics is None or self.temperature is None:
-            return None
-        return 1.0 if self.temperature < GREEDY_TEMPERATURE else float(self.temperature)
+        """The temperature the call's logprobs are at: as recorded (m007), or for a call recorded before,
+        its backend kind's default semantics applied to its temperature (logprob_semantics.py)."""
+        if self.recorded_logprob_temperature is not None:
+            return self.recorded_logprob_temperature
+        return logprob_temperature(self.backend_kind, self.temperature)
 
     @property
     def has_tools(self) -> bool:

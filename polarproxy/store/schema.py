@@ -113,6 +113,8 @@ calls = Table(
     Column("temperature", Float),
     Column("weight_version_first", String),
     Column("weight_version_last", String),
+    # m007: the temperature the backend's logprobs are at (logprob_semantics.py); NULL: recorded before
+    Column("logprob_temperature", Float),
     Index("ix_calls_episode_seq", "episode_id", "seq", unique=True),
     Index("ix_calls_status", "status"),
     Index("ix_calls_prompt_base", "prompt_base_call_id"),  # m003: the calls that use a call as their base

@@ -65,6 +65,7 @@ _COLUMNS = (
     C.c.bodies_delta,
     C.c.conversation_json,
     C.c.started_at,
+    C.c.logprob_temperature,
 )
 _CHUNK = (
     select(*_COLUMNS)
@@ -257,6 +258,7 @@ class TokenCall:
         "prompt_base_call_id",
         "prompt_base_len",
         "prompt_len",
+        "recorded_logprob_temperature",
         "render_mode",
         "reward",
         "seq",
@@ -297,6 +299,7 @@ class TokenCall:
         self._conversation = _UNREAD
         self._episode = episode
         self._maybe_unsampled = row[26] < episode.sampling_since
+        self.recorded_logprob_temperature = row[27]
 
     @property
     def output_ids(self) -> np.ndarray:

@@ -79,7 +79,8 @@ def test_request_too_large_for_the_context(dialect, backend, make_proxy):
     assert r.status_code == 400
     assert "context length" in error_message(dialect, r.json())
     (call,) = proxy.store.list_calls(proxy.episode_id)
-    assert call.status == "failed" and call.error.startswith("backend_rejected")
+    # refused by the gateway before the backend spends a prefill on it
+    assert call.status == "failed" and call.error.startswith("The prompt is") and call.http_status == 400
     assert len(call.prompt_ids) > 65536  # the prompt that was refused is kept
     path, small = FORMATS[dialect]("hi")
     assert httpx.post(proxy.url + path, json=small, timeout=120).status_code == 200

@@ -10,6 +10,7 @@ import pytest
 from polarproxy.capture.gateway import GatewayOptions, sent_sampling
 from polarproxy.conversation import Sampling
 from polarproxy.export.rows import trajectory_to_row
+from polarproxy.logprob_semantics import logprob_temperature
 from polarproxy.reconstruct import per_request
 
 pytestmark = pytest.mark.integration
@@ -47,6 +48,24 @@ def test_a_harness_sending_no_temperature_is_recorded_at_the_flags(make_proxy, m
     assert [(s["top_p"], s["top_k"]) for s in sent] == [(1.0, -1), (1.0, -1)]  # never the server's defaults
     rows = [trajectory_to_row(t) for t in per_request(proxy.store.iter_calls([proxy.episode_id]))]
     assert [r["temperatures"] for r in rows] == [[0.6], [0.3]]
+    assert [r["logprob_temperatures"] for r in rows] == [[0.6], [0.3]]  # the stub is an SGLang: scaled
+
+
+def test_what_the_backends_logprobs_are_decides_the_recorded_logprob_temperature(make_proxy, make_stub):
+    """--backend-logprobs raw (vLLM's default; SGLang with SGLANG_RETURN_ORIGINAL_LOGPROB=1): the logprobs
+    are at T = 1 whatever was sampled; the kinds' defaults otherwise, greedy at 1."""
+    proxy = make_proxy(make_stub("Fine.").url, temperature=0.6, backend_logprobs="raw")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    with httpx.Client(base_url=proxy.url, timeout=60) as c:
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+    (call,) = proxy.store.list_calls(proxy.episode_id)
+    assert (call.temperature, call.recorded_logprob_temperature, call.logprob_temperature) == (0.6, 1.0, 1.0)
+    assert logprob_temperature("sglang", 0.6) == 0.6 and logprob_temperature("local", 0.0) == 1.0
+    assert logprob_temperature("vllm", 0.6) == 1.0 and logprob_temperature("vllm-chat", 0.6) == 1.0
+    assert logprob_temperature("sglang-chat", 0.7) == 0.7 and logprob_temperature("sglang", 0.6, "raw") == 1.0
+    assert logprob_temperature("sglang", None) is None and logprob_temperature("provider", 0.6) is None
+    with pytest.raises(ValueError, match=r"Unknown backend logprobs 'odd'\. Must be one of scaled, raw"):
+        logprob_temperature("sglang", 0.6, "odd")
 
 
 def test_rows_sampled_at_0_6_train_at_0_6_so_the_first_ratio_is_1(

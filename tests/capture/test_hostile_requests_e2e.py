@@ -130,7 +130,7 @@ def test_a_prompt_past_the_context_is_refused_before_the_backend_and_before_toke
         before = stub.cfg.calls
         for body, says in (
             (huge, "was not tokenized"),
-            (long, "tokens; the model's context is 65536"),
+            (long, "tokens; the model's context length is 65536"),
             ({**valid, "tools": tools}, "1025 tools"),
         ):
             r = client.post(path, json=body)

@@ -140,6 +140,9 @@ def test_begin_and_finish_call_round_trip_every_field(store, episode, call_start
         started_at=1234.5,
         request_body='{"x": "ünïcode"}',
         conversation={"messages": [{"role": "user", "content": "ü"}], "tools": [{"name": "f"}]},
+        temperature=0.6,
+        logprob_temperature=0.6,
+        sampling_sent={"temperature": 0.6, "chosen_by": {"temperature": "flag"}},
     )
     cid, seq = store.begin_call(start)
     result = ok_result(
@@ -165,8 +168,12 @@ def test_begin_and_finish_call_round_trip_every_field(store, episode, call_start
             "episode_id",
             "prompt_base_call_id",
             "prompt_base_len",
-        ):  # hints, not stored as given
+            "sampling_sent",
+            "conversation",
+        ):  # hints, not stored as given; what was sent is stored with the conversation
             assert getattr(call, f.name) == getattr(start, f.name), f.name
+    assert call.conversation == {**start.conversation, "sent_sampling": start.sampling_sent}
+    assert call.recorded_logprob_temperature == 0.6
     for f in dataclasses.fields(result):
         assert getattr(call, f.name) == getattr(result, f.name), f.name
 
