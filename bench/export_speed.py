@@ -222,7 +222,9 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
 
         summary = run_export(store, out, fmt=fmt, strategy=strategy, jobs=2)
         jobs = summary["jobs"]  # 1 for a store under 2 x MIN_CALLS_PER_JOB calls (a --quick run)
-        stats = ExportStats(**{k: summary[k] for k in ExportStats.__dataclass_fields__})
+        stats = ExportStats(**{k: summary[k] for k in ExportStats.__dataclass_fields__ if k != "sampling"})
+        for d in summary["sampling"]:  # listed in the summary, counted in the stats
+            stats.sampling[(d["temperature"], d["top_p"], d["top_k"], d["logprob_temperature"])] = d["calls"]
     else:  # as export/run.py reads them
         if path == "plain":
             calls: Any = store.iter_calls(lazy_prompts=strategy == "prefix-merge")

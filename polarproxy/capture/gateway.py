@@ -284,6 +284,7 @@ class Gateway:
         # recorded: what was sent, by whom
         start.sampling_sent = sent_sampling(conv.sampling, self.options, call.sampling)
         start.temperature = start.sampling_sent["temperature"]
+        start.top_p, start.top_k = start.sampling_sent["top_p"], start.sampling_sent["top_k"]
         start.logprob_temperature = logprob_temperature(
             self.backend.kind, start.temperature, self.options.backend_logprobs
         )

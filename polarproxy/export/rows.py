@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from itertools import chain
 from typing import Any
 
@@ -18,6 +19,8 @@ PER_CALL_FIELDS = (
     "weight_versions",
     "temperatures",
     "logprob_temperatures",
+    "top_ps",
+    "top_ks",
     "mixed_weight_versions",
 )
 
@@ -35,10 +38,23 @@ class ExportStats:
     total_tokens: int = 0
     per_request_tokens: int = 0
     skipped_empty_rows: int = 0
+    # calls by (temperature, top_p, top_k, logprob temperature): the distinct sampling settings written
+    sampling: Counter[tuple[Any, ...]] = field(default_factory=Counter)
 
     def add(self, traj: Trajectory | SpanTrajectory) -> None:
         self.rows += 1
-        self.calls += len(traj.call_ids)
+        n = len(traj.call_ids)
+        self.calls += n
+        unknown = [None] * n
+        self.sampling.update(
+            zip(
+                traj.temperatures or unknown,
+                traj.top_ps or unknown,
+                traj.top_ks or unknown,
+                traj.logprob_temperatures or unknown,
+                strict=False,
+            )
+        )
         if isinstance(traj, SpanTrajectory):
             self.trainable_tokens += traj.trainable_tokens
         else:
@@ -49,7 +65,10 @@ class ExportStats:
     def merge(self, other: ExportStats) -> None:
         """Add the figures of another part of the same export (export/parallel.py)."""
         for f in fields(ExportStats):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            if f.name == "sampling":
+                self.sampling.update(other.sampling)
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def skip_if_empty(self, traj: Trajectory | SpanTrajectory) -> bool:
         """Count and return True for a trajectory without tokens, which a token export leaves out."""
@@ -64,8 +83,9 @@ class ExportStats:
         an empty export. Every call is in exactly one row (T3), so per-request rows = calls."""
         return self.calls / self.rows if self.rows else None
 
-    def summary(self) -> dict[str, int | float | None]:
-        """The figures `polarproxy export --json` prints."""
+    def summary(self) -> dict[str, Any]:
+        """The figures `polarproxy export --json` prints; `sampling`: each distinct setting the calls were
+        sampled under, with how many calls, the most common first."""
         return {
             "rows": self.rows,
             "calls": self.calls,
@@ -75,6 +95,10 @@ class ExportStats:
             "per_request_tokens": self.per_request_tokens,
             "sequence_ratio": self.sequence_ratio,
             "skipped_empty_rows": self.skipped_empty_rows,
+            "sampling": [
+                {"temperature": t, "top_p": p, "top_k": k, "logprob_temperature": lt, "calls": n}
+                for (t, p, k, lt), n in self.sampling.most_common()
+            ],
         }
 
 
@@ -151,6 +175,7 @@ def span_row(traj: SpanTrajectory, tokens: dict[str, Any]) -> dict[str, Any]:
 def row_fields(traj: Trajectory | SpanTrajectory, tokens: dict[str, Any]) -> dict[str, Any]:
     """The export row with the token columns given (`input_ids`, `loss_mask`, `logprobs`), in the schema's
     order; ValueError for per-call values that cannot be exported (see _per_call)."""
+    per_call = _per_call(traj)
     return {
         "schema_version": SCHEMA_VERSION,
         "strategy": traj.strategy,
@@ -164,7 +189,11 @@ def row_fields(traj: Trajectory | SpanTrajectory, tokens: dict[str, Any]) -> dic
         "tools": traj.tools,
         "reward": traj.reward,
         "group_id": traj.group_id,
-        **_per_call(traj),
+        **per_call,
+        "truncated_sampling": any(
+            (p is not None and p < 1) or (k is not None and k > 0)
+            for p, k in zip(per_call["top_ps"], per_call["top_ks"], strict=True)
+        ),
         "advantage": traj.advantage,
         "metadata": traj.metadata,
     }

@@ -46,6 +46,8 @@ class Trajectory:
     weight_versions: list[str | None] = field(default_factory=list)
     temperatures: list[float | None] = field(default_factory=list)
     logprob_temperatures: list[float | None] = field(default_factory=list)
+    top_ps: list[float | None] = field(default_factory=list)
+    top_ks: list[int | None] = field(default_factory=list)
     mixed_weight_versions: list[bool] = field(default_factory=list)
     advantage: float | None = None
 
@@ -61,6 +63,8 @@ def per_call_columns(calls: Sequence[Call] | Sequence[TokenCall]) -> dict[str, A
         "weight_versions": [c.weight_version for c in calls],
         "temperatures": [c.temperature for c in calls],
         "logprob_temperatures": [c.logprob_temperature for c in calls],
+        "top_ps": [c.top_p for c in calls],
+        "top_ks": [c.top_k for c in calls],
         "mixed_weight_versions": [c.mixed_weight_versions for c in calls],
     }
 
@@ -137,6 +141,8 @@ class SpanTrajectory:
     weight_versions: list[str | None] = field(default_factory=list)
     temperatures: list[float | None] = field(default_factory=list)
     logprob_temperatures: list[float | None] = field(default_factory=list)
+    top_ps: list[float | None] = field(default_factory=list)
+    top_ks: list[int | None] = field(default_factory=list)
     mixed_weight_versions: list[bool] = field(default_factory=list)
     advantage: float | None = None
 
@@ -194,6 +200,8 @@ class SpanTrajectory:
             weight_versions=self.weight_versions,
             temperatures=self.temperatures,
             logprob_temperatures=self.logprob_temperatures,
+            top_ps=self.top_ps,
+            top_ks=self.top_ks,
             mixed_weight_versions=self.mixed_weight_versions,
             advantage=self.advantage,
         )

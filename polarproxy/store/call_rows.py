@@ -73,4 +73,6 @@ def call_from_row(row: Row[Any], rebuilder: Rebuilder, bodies: BodyRebuilder, *,
         weight_version_first=m["weight_version_first"],
         weight_version_last=m["weight_version_last"],
         recorded_logprob_temperature=m["logprob_temperature"],
+        top_p=m["top_p"],
+        top_k=m["top_k"],
     )

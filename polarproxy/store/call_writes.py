@@ -77,6 +77,8 @@ BEGIN_COLUMNS = (
     "started_at",
     "temperature",
     "logprob_temperature",
+    "top_p",
+    "top_k",
 )
 FINISH_COLUMNS = (
     "status",
@@ -395,6 +397,8 @@ class CallWritesMixin:
             "started_at": start.started_at or time.time(),
             "temperature": _temperature(start, conversation),
             "logprob_temperature": start.logprob_temperature,
+            "top_p": start.top_p,
+            "top_k": start.top_k,
         }
         row = in_order(values, BEGIN_COLUMNS)
         if self.dialect == "postgresql":  # a model name or a note may hold a NUL

@@ -260,3 +260,11 @@ def m007_logprob_temperature(conn: Connection) -> None:
     are at (scaled: the sampling temperature; raw: 1). NULL for older calls: derived from the backend kind
     on read."""
     conn.execute(text("ALTER TABLE calls ADD COLUMN logprob_temperature FLOAT"))
+
+
+@migration
+def m008_top_p_top_k(conn: Connection) -> None:
+    """Issue 41: per call, the top_p and top_k the gateway sent (a truncated distribution's logprobs are of
+    the untruncated one: export rows flag them)."""
+    conn.execute(text("ALTER TABLE calls ADD COLUMN top_p FLOAT"))
+    conn.execute(text("ALTER TABLE calls ADD COLUMN top_k INTEGER"))

@@ -115,6 +115,9 @@ calls = Table(
     Column("weight_version_last", String),
     # m007: the temperature the backend's logprobs are at (logprob_semantics.py); NULL: recorded before
     Column("logprob_temperature", Float),
+    # m008: the top_p and top_k sent (top_k -1: off); NULL: recorded before, or not sent
+    Column("top_p", Float),
+    Column("top_k", Integer),
     Index("ix_calls_episode_seq", "episode_id", "seq", unique=True),
     Index("ix_calls_status", "status"),
     Index("ix_calls_prompt_base", "prompt_base_call_id"),  # m003: the calls that use a call as their base

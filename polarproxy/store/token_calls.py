@@ -66,6 +66,8 @@ _COLUMNS = (
     C.c.conversation_json,
     C.c.started_at,
     C.c.logprob_temperature,
+    C.c.top_p,
+    C.c.top_k,
 )
 _CHUNK = (
     select(*_COLUMNS)
@@ -263,6 +265,8 @@ class TokenCall:
         "reward",
         "seq",
         "status",
+        "top_k",
+        "top_p",
         "weight_version",
         "weight_version_first",
         "weight_version_last",
@@ -299,7 +303,7 @@ class TokenCall:
         self._conversation = _UNREAD
         self._episode = episode
         self._maybe_unsampled = row[26] < episode.sampling_since
-        self.recorded_logprob_temperature = row[27]
+        self.recorded_logprob_temperature, self.top_p, self.top_k = row[27:30]
 
     @property
     def output_ids(self) -> np.ndarray:
@@ -375,6 +379,7 @@ class TokenCall:
     mixed_weight_versions = Call.mixed_weight_versions  # the same properties, over the same attributes
     has_tools = Call.has_tools
     logprob_temperature = Call.logprob_temperature
+    truncated_sampling = Call.truncated_sampling
 
 
 def _reader(store: Any) -> Any:

@@ -9,7 +9,7 @@ import pytest
 
 from polarproxy.capture.gateway import GatewayOptions, sent_sampling
 from polarproxy.conversation import Sampling
-from polarproxy.export.rows import trajectory_to_row
+from polarproxy.export.rows import ExportStats, trajectory_to_row
 from polarproxy.logprob_semantics import logprob_temperature
 from polarproxy.reconstruct import per_request
 
@@ -49,6 +49,29 @@ def test_a_harness_sending_no_temperature_is_recorded_at_the_flags(make_proxy, m
     rows = [trajectory_to_row(t) for t in per_request(proxy.store.iter_calls([proxy.episode_id]))]
     assert [r["temperatures"] for r in rows] == [[0.6], [0.3]]
     assert [r["logprob_temperatures"] for r in rows] == [[0.6], [0.3]]  # the stub is an SGLang: scaled
+    assert [(r["top_ps"], r["top_ks"], r["truncated_sampling"]) for r in rows] == [([1.0], [-1], False)] * 2
+
+
+def test_truncated_sampling_is_flagged_and_export_json_sums_up_the_settings(make_proxy, make_stub):
+    proxy = make_proxy(make_stub("Fine.").url, temperature=0.6, top_p=0.95)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    with httpx.Client(base_url=proxy.url, timeout=60) as c:
+        for extra in ({}, {}, {"top_k": 20, "top_p": 1.0}):
+            assert c.post("/v1/chat/completions", json={**body, **extra}).status_code == 200
+    stats = ExportStats()
+    rows = []
+    for t in per_request(proxy.store.iter_calls([proxy.episode_id])):
+        stats.add(t)
+        rows.append(trajectory_to_row(t))
+    assert [(r["top_ps"], r["top_ks"], r["truncated_sampling"]) for r in rows] == [
+        ([0.95], [-1], True),
+        ([0.95], [-1], True),
+        ([1.0], [20], True),
+    ]
+    assert stats.summary()["sampling"] == [
+        {"temperature": 0.6, "top_p": 0.95, "top_k": -1, "logprob_temperature": 0.6, "calls": 2},
+        {"temperature": 0.6, "top_p": 1.0, "top_k": 20, "logprob_temperature": 0.6, "calls": 1},
+    ]
 
 
 def test_what_the_backends_logprobs_are_decides_the_recorded_logprob_temperature(make_proxy, make_stub):

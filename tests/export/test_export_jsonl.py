@@ -1,6 +1,7 @@
 import io
 import math
 import threading
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -53,6 +54,7 @@ def test_per_request_rows_validate_have_equal_lengths_and_round_trip(recorded, v
         trainable_tokens=sum(sum(t.loss_mask) for t in trajs),
         total_tokens=sum(len(t.input_ids) for t in trajs),
         per_request_tokens=sum(len(t.input_ids) for t in trajs),
+        sampling=Counter({(None, None, None, None): 4}),  # recorded by no gateway: nothing known
     )
     assert stats.trainable_tokens == 3 + 2 + 1 + 1
     assert stats.summary()["sequence_ratio"] == 1.0 and stats.summary()["trajectories"] == 4

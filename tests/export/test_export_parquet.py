@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import orjson
 import pyarrow.parquet as pq
@@ -204,6 +205,13 @@ def test_export_command_prints_merge_statistics(recorded, tmp_path):
         "per_request_tokens": per_request_tokens,
         "sequence_ratio": expected_calls / len(trajs),
         "skipped_empty_rows": 0,
+        "sampling": [
+            {"temperature": t, "top_p": p, "top_k": k, "logprob_temperature": lt, "calls": n}
+            for (t, p, k, lt), n in Counter(
+                (c.temperature, c.top_p, c.top_k, c.logprob_temperature)
+                for c in store.iter_calls(status="ok")
+            ).most_common()
+        ],
         "episodes": len(store.list_episodes(limit=None)),
         "jobs": 1,
         "filters": {},
