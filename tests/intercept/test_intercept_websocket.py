@@ -110,4 +110,8 @@ def test_no_key_of_the_socket_is_stored(ws_run, ws_standin):
     for c in rec.calls:
         assert {k.lower(): v for k, v in c.request_headers.items()}["authorization"] == "<redacted>"
     for f in rec.db.parent.glob("intercept.db*"):
-        assert b"sk-ws-never-stored" not in f.read_bytes()
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:  # -wal/-shm go away when the store's last connection closes
+            continue
+        assert b"sk-ws-never-stored" not in data
