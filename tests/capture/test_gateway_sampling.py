@@ -116,14 +116,17 @@ def test_rows_sampled_at_0_6_train_at_0_6_so_the_first_ratio_is_1(
     for i, r in enumerate(rows):
         r["advantage"] = 1.0 if i % 2 else -1.0
 
-    def first_ratio(rows: list[dict], out: str) -> float:
+    def first_step(rows: list[dict], out: str) -> tuple[float, float]:
         samples = samples_from_rows(rows, warn=lambda _m: None)
         train(samples, random_model_dir, tmp_path / out, TrainConfig(steps=1, lr=0.0, device="cpu"))
-        return read_metrics(tmp_path / out)[0]["ratio_mean"]
+        m = read_metrics(tmp_path / out)[0]
+        return m["ratio_mean"], m["ratio_max"]
 
-    assert first_ratio(rows, "scaled") == pytest.approx(1.0, abs=1e-4)
+    mean, top = first_step(rows, "scaled")
+    assert mean == pytest.approx(1.0, abs=1e-4) and top == pytest.approx(1.0, abs=1e-3)
     told: list[str] = []
     v2 = [{k: v for k, v in r.items() if k != "logprob_temperatures"} for r in rows]
     assert len(samples_from_rows(v2, warn=told.append)) == 3
     assert told and told[0].startswith("3 rows do not say which temperature")
-    assert abs(first_ratio(v2, "raw") - 1.0) > 1e-3
+    # trained at T = 1, the tokens' ratios are off (their mean can come out near 1: ups and downs cancel)
+    assert first_step(v2, "raw")[1] > 1.005  # seen: 1.3 to 1.6
