@@ -45,7 +45,7 @@ class ProxyConfig:
     # `serve --control-token` / POLARPROXY_CONTROL_TOKEN: the control API and harness calls need it / a key
     control_token: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES  # `--max-body-bytes`: a request body's bound, after decompression
-    # `--temperature --top-p --top-k --sampling-policy` (capture/gateway.py `sent_sampling`)
+    # `--temperature --top-p --top-k --sampling-policy` (capture/sampling.py `sent_sampling`)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

@@ -196,7 +196,7 @@ def proxy_config(
         max_body_bytes=body_cap,
     )
     temperature, top_p, top_k, policy = sampling
-    from polarproxy.capture.gateway import check_sampling
+    from polarproxy.capture.sampling import check_sampling
 
     try:
         check_sampling(temperature, top_p, top_k)

@@ -163,7 +163,7 @@ def rollout(
         )
     episode_sampling = None  # under --serve the values travel with each episode (its `sampling`)
     if serve is not None and (temperature, top_p, top_k) != (None, None, None):
-        from polarproxy.capture.gateway import check_sampling
+        from polarproxy.capture.sampling import check_sampling
 
         try:
             check_sampling(temperature, top_p, top_k)

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from polarproxy.capture.gateway import episode_sampling
+from polarproxy.capture.sampling import episode_sampling
 from polarproxy.choices import ESTIMATORS, GROUPS_MODES, STD_ESTIMATORS, STRATEGIES, one_of
 from polarproxy.control.routes import Refusal, Routes, request_key
 from polarproxy.control.stream import collect, decode_cursor, encode_cursor

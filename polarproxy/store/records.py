@@ -62,7 +62,7 @@ class CallStart:
     # The top_p and top_k sent (top_k -1: off); None: not known (sent by no gateway)
     top_p: float | None = None
     top_k: int | None = None
-    # What the gateway sent the backend and who chose each value (capture/gateway.py `sent_sampling`):
+    # What the gateway sent the backend and who chose each value (capture/sampling.py `sent_sampling`):
     # stored with the conversation as its `sent_sampling` member.
     sampling_sent: dict[str, Any] | None = None
 
@@ -166,12 +166,6 @@ class Call:
     recorded_logprob_temperature: float | None = None  # m007; None: recorded before (see logprob_temperature)
     top_p: float | None = None  # m008: the top_p and top_k sent; None: recorded before, or not sent
     top_k: int | None = None
-
-    @property
-    def truncated_sampling(self) -> bool:
-        """Whether the call was sampled from a truncated distribution (top_p < 1 or top_k > 0): its
-        logprobs are of the untruncated one."""
-        return (self.top_p is not None and self.top_p < 1) or (self.top_k is not None and self.top_k > 0)
 
     @property
     def mixed_weight_versions(self) -> bool:

@@ -379,7 +379,6 @@ class TokenCall:
     mixed_weight_versions = Call.mixed_weight_versions  # the same properties, over the same attributes
     has_tools = Call.has_tools
     logprob_temperature = Call.logprob_temperature
-    truncated_sampling = Call.truncated_sampling
 
 
 def _reader(store: Any) -> Any:

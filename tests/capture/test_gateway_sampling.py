@@ -7,7 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from polarproxy.capture.gateway import GatewayOptions, sent_sampling
+from polarproxy.capture.gateway import GatewayOptions
+from polarproxy.capture.sampling import sent_sampling
 from polarproxy.conversation import Sampling
 from polarproxy.export.rows import ExportStats, trajectory_to_row
 from polarproxy.logprob_semantics import logprob_temperature

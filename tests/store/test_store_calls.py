@@ -142,6 +142,8 @@ def test_begin_and_finish_call_round_trip_every_field(store, episode, call_start
         conversation={"messages": [{"role": "user", "content": "ü"}], "tools": [{"name": "f"}]},
         temperature=0.6,
         logprob_temperature=0.6,
+        top_p=0.95,
+        top_k=20,
         sampling_sent={"temperature": 0.6, "chosen_by": {"temperature": "flag"}},
     )
     cid, seq = store.begin_call(start)

@@ -22,7 +22,6 @@ from polarproxy.choices import GREEDY_TEMPERATURE
 DEFAULT_PREFILL_CHUNK = 1024
 # On CPU, models below this size decode faster on one thread (thread wake-ups dominate tiny kernels).
 SINGLE_THREAD_DECODE_MAX_PARAMS = 200_000_000
-_SAMPLING_EPS = GREEDY_TEMPERATURE  # temperatures below this are greedy (as in SGLang)
 
 
 class SamplingParamsError(ValueError):
@@ -134,13 +133,13 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < _SAMPLING_EPS or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def logprob_temperature(self) -> float:
         """The temperature the returned logprobs are at: SGLang's, which treats a temperature below 1e-6 as
         greedy at temperature 1."""
-        return 1.0 if self.temperature < _SAMPLING_EPS else self.temperature
+        return 1.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature
 
 
 @dataclass
