@@ -1,8 +1,9 @@
 """The path from a network-less sandbox to the gateway: a Unix socket, relayed at both ends.
 
 A sandbox with its own network namespace has a loopback of its own and cannot reach 127.0.0.1 on the
-host. On the host, `HostRelay` listens on a Unix socket and relays each connection to the gateway's TCP
-port; the socket's folder is bind-mounted into the sandbox. Inside, `forward` (this file run as a
+host. On the host, host_relay.py's `HostRelay` listens on a Unix socket of the episode's own and relays
+each request that carries the episode's key to the gateway's TCP port; the socket's folder is bind-mounted
+into that sandbox alone. Inside, `forward` (this file run as a
 script, stdlib only, started before the harness) listens on 127.0.0.1:PORT, relays each connection to
 the socket, runs the harness command as its child and exits with the harness's exit code. With PORT the
 gateway's own port, the harness uses the same base URLs inside as outside.
@@ -14,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 BUFFER = 65536
 
@@ -60,35 +59,6 @@ def _serve(listener: socket.socket, dial: Callable[[], socket.socket], stop: thr
             conn.close()
             continue
         threading.Thread(target=relay, args=(conn, upstream), daemon=True).start()
-
-
-class HostRelay:
-    """On the host: a Unix socket at `path` whose connections go to 127.0.0.1:`port` (the gateway)."""
-
-    def __init__(self, path: Path, port: int, host: str = "127.0.0.1") -> None:
-        self.path, self.port, self.host = path, port, host
-        self._stop = threading.Event()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        self._sock.bind(str(path))
-        os.chmod(path, 0o666)
-        self._sock.listen(256)
-        self._thread = threading.Thread(
-            target=_serve,
-            args=(self._sock, lambda: socket.create_connection((self.host, self.port)), self._stop),
-            daemon=True,
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        self._thread.join(5)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
 
 
 def _dial_unix(path: str) -> socket.socket:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from polarproxy.errors import UsageError
-from polarproxy.rollout.bridge import HostRelay
+from polarproxy.rollout.host_relay import HostRelay
 from polarproxy.rollout.stages import (
     STAGE_FUNCS,
     STAGES,
@@ -276,6 +276,7 @@ def summary(jobs: list[Job], settings: Settings, *, wall_s: float) -> dict[str, 
                 "exit_code": j.exit_code,
                 "harness_timed_out": j.harness_timed_out,
                 "limit_hit": j.limit_hit,
+                "bridge_refused": j.bridge_refused,
                 "reward": j.reward,
                 "reward_note": j.reward_note,
                 "trajectories": j.trajectories,

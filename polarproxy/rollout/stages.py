@@ -29,9 +29,9 @@ from typing import Any
 from polarproxy.client import EpisodeHandle
 from polarproxy.harness.env import harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
-from polarproxy.rollout.bridge import HostRelay
 from polarproxy.rollout.copying import WorkspaceTooLarge, copy_workspace
 from polarproxy.rollout.episodes import Episodes, LocalGateway
+from polarproxy.rollout.host_relay import HostRelay
 from polarproxy.rollout.limits import Limits
 from polarproxy.rollout.sandbox import (
     SOCKET_NAME,
@@ -75,6 +75,7 @@ class Job:
     episode_ended: bool = False
     uid: int | None = None  # the host user its sandbox runs as (sandbox.episode_uid)
     limit_hit: str | None = None  # the per-episode limit its harness ran into (limits.py)
+    bridge_refused: dict[str, int] = field(default_factory=dict)  # requests its bridge refused, by code
     queued: dict[str, float] = field(default_factory=dict)  # stage -> when it was queued
     started: dict[str, float] = field(default_factory=dict)
     ended: dict[str, float] = field(default_factory=dict)
@@ -211,17 +212,18 @@ def episode_env(job: Job, s: Settings, handle: EpisodeHandle) -> dict[str, str]:
     return env
 
 
-def episode_bridge(job: Job, s: Settings, spec: SandboxSpec) -> HostRelay | None:
+def episode_bridge(job: Job, s: Settings, spec: SandboxSpec, key: str) -> HostRelay | None:
     """This episode's own bridge to the gateway: a socket in a folder of its own (short: a Unix socket's
     path has 107 bytes), bound into this sandbox alone, so no episode reaches, renames or replaces
-    another's (`spec.socket_dir` is set to it); None when the sandbox reaches the gateway directly."""
+    another's (`spec.socket_dir` is set to it), forwarding only requests that carry `key`, the episode's
+    own; None when the sandbox reaches the gateway directly."""
     if not s.runner.bridged or spec.socket_dir is None:
         return None
     folder = spec.socket_dir / hashlib.sha1(f"{job.task.id}\0{job.sample}".encode()).hexdigest()[:12]
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o711)
     spec.socket_dir = folder
-    return HostRelay(folder / SOCKET_NAME, s.episodes.port)
+    return HostRelay(folder / SOCKET_NAME, s.episodes.port, key)
 
 
 def execute(job: Job, s: Settings) -> None:
@@ -239,7 +241,7 @@ def execute(job: Job, s: Settings) -> None:
     give_to(job.home, job.uid)  # the preset's config files are the episode user's too
     spec = _spec(job.workspace, job.home, s, job.uid, gateway=True)
     limit = job.task.timeout_s or s.execute_timeout_s
-    relay = episode_bridge(job, s, spec)
+    relay = episode_bridge(job, s, spec, handle.api_key)
     try:
         result = run_process(
             s.runner.argv(command, spec, env),
@@ -257,6 +259,7 @@ def execute(job: Job, s: Settings) -> None:
     finally:
         if relay is not None:
             relay.close()
+            job.bridge_refused = dict(relay.refused)
             shutil.rmtree(spec.socket_dir or job.dir / "bridge", ignore_errors=True)
     job.harness_timed_out = result.timed_out
     job.limit_hit = result.limit_hit

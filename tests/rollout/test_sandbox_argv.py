@@ -183,7 +183,7 @@ def test_each_episode_gets_a_bridge_of_its_own_bound_into_its_sandbox_alone(tmp_
     for sample in (0, 1):
         job = SimpleNamespace(task=SimpleNamespace(id="t"), sample=sample)
         spec = _spec(tmp_path)
-        relays.append(episode_bridge(job, s, spec))  # type: ignore[arg-type]
+        relays.append(episode_bridge(job, s, spec, f"ppk_{sample}"))  # type: ignore[arg-type]
         specs.append(spec)
     try:
         a, b = (spec.socket_dir for spec in specs)
