@@ -38,7 +38,7 @@ KEY_HEADERS = ("x-api-key", "x-goog-api-key", "api-key")
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection"}
 
 
-class Refused(Exception):
+class BridgeRefusal(Exception):
     """A request the relay does not forward: its status, message and error code."""
 
     def __init__(self, status: int, message: str, code: str) -> None:
@@ -61,11 +61,11 @@ class _Reader:
         """A message head (up to and without its blank line); None when the peer left first."""
         while (end := self.buf.find(b"\r\n\r\n")) < 0:
             if len(self.buf) > MAX_HEAD_BYTES:
-                raise Refused(431, f"the request head is over {MAX_HEAD_BYTES} bytes", "head_too_large")
+                raise BridgeRefusal(431, f"the request head is over {MAX_HEAD_BYTES} bytes", "head_too_large")
             if not self.fill():
                 return None
         if end > MAX_HEAD_BYTES:
-            raise Refused(431, f"the request head is over {MAX_HEAD_BYTES} bytes", "head_too_large")
+            raise BridgeRefusal(431, f"the request head is over {MAX_HEAD_BYTES} bytes", "head_too_large")
         head, self.buf = self.buf[:end], self.buf[end + 4 :]
         return head
 
@@ -73,9 +73,9 @@ class _Reader:
         """One CRLF-ended line, CRLF included."""
         while (end := self.buf.find(b"\r\n")) < 0:
             if len(self.buf) > MAX_HEAD_BYTES:
-                raise Refused(400, "a chunk line is too long", "bad_chunk")
+                raise BridgeRefusal(400, "a chunk line is too long", "bad_chunk")
             if not self.fill():
-                raise Refused(400, "the body ended inside a chunk", "bad_chunk")
+                raise BridgeRefusal(400, "the body ended inside a chunk", "bad_chunk")
         out, self.buf = self.buf[: end + 2], self.buf[end + 2 :]
         return out
 
@@ -83,7 +83,7 @@ class _Reader:
         """Send the next n bytes to dst as they arrive (a stream stays a stream)."""
         while n > 0:
             if not self.buf and not self.fill():
-                raise Refused(400, "the body ended early", "short_body")
+                raise BridgeRefusal(400, "the body ended early", "short_body")
             piece, self.buf = self.buf[:n], self.buf[n:]
             dst.sendall(piece)
             n -= len(piece)
@@ -107,7 +107,7 @@ class _Reader:
             try:
                 size = int(size_text, 16)
             except ValueError:
-                raise Refused(
+                raise BridgeRefusal(
                     400, f"a chunk size {size_text[:20]!r} is not hexadecimal", "bad_chunk"
                 ) from None
             dst.sendall(line)
@@ -118,7 +118,7 @@ class _Reader:
                 return
             self.copy(size, dst)
             if self.line() != b"\r\n":
-                raise Refused(400, "a chunk is longer than its size", "bad_chunk")
+                raise BridgeRefusal(400, "a chunk is longer than its size", "bad_chunk")
             dst.sendall(b"\r\n")
 
 
@@ -126,10 +126,10 @@ def _headers(lines: list[str]) -> list[tuple[str, str]]:
     headers = []
     for raw in lines:
         if raw[:1] in (" ", "\t") or ":" not in raw:
-            raise Refused(400, f"a malformed header line: {raw[:80]!r}", "bad_request")
+            raise BridgeRefusal(400, f"a malformed header line: {raw[:80]!r}", "bad_request")
         name, _, value = raw.partition(":")
         if name != name.strip() or not name:
-            raise Refused(400, f"a malformed header name: {name[:80]!r}", "bad_request")
+            raise BridgeRefusal(400, f"a malformed header name: {name[:80]!r}", "bad_request")
         headers.append((name.lower(), value.strip()))
     return headers
 
@@ -138,7 +138,7 @@ def _parse_head(head: bytes) -> tuple[str, str, str, list[tuple[str, str]]]:
     line, *rest = head.decode("latin-1").split("\r\n")
     parts = line.split(" ")
     if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[0].isalpha():
-        raise Refused(400, f"not an HTTP/1.1 request line: {line[:80]!r}", "bad_request")
+        raise BridgeRefusal(400, f"not an HTTP/1.1 request line: {line[:80]!r}", "bad_request")
     return parts[0], parts[1], parts[2], _headers(rest)
 
 
@@ -164,7 +164,7 @@ def _error_body(method: str, path: str, status: int, message: str, code: str) ->
     return json.dumps({"error": {"message": message, "type": "permission_error", "code": code}}).encode()
 
 
-def _refuse(conn: socket.socket, method: str, path: str, refused: Refused) -> None:
+def _refuse(conn: socket.socket, method: str, path: str, refused: BridgeRefusal) -> None:
     body = _error_body(method, path, refused.status, f"polarproxy bridge: {refused.message}", refused.code)
     reason = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large"}
     head = (
@@ -180,17 +180,19 @@ def _framing(headers: list[tuple[str, str]]) -> tuple[int | None, bool]:
     lengths = {v for n, v in headers if n == "content-length"}
     codings = [v.lower() for n, v in headers if n == "transfer-encoding"]
     if codings and lengths:
-        raise Refused(400, "both Content-Length and Transfer-Encoding", "bad_framing")
+        raise BridgeRefusal(400, "both Content-Length and Transfer-Encoding", "bad_framing")
     if codings:
         if codings != ["chunked"]:
-            raise Refused(400, f"transfer coding {', '.join(codings)!r} (only 'chunked')", "bad_framing")
+            raise BridgeRefusal(
+                400, f"transfer coding {', '.join(codings)!r} (only 'chunked')", "bad_framing"
+            )
         return None, True
     if len(lengths) > 1:
-        raise Refused(400, f"several Content-Length values: {sorted(lengths)}", "bad_framing")
+        raise BridgeRefusal(400, f"several Content-Length values: {sorted(lengths)}", "bad_framing")
     if lengths:
         (text,) = lengths
         if not text.isdigit():
-            raise Refused(400, f"Content-Length {text[:40]!r} is not a number", "bad_framing")
+            raise BridgeRefusal(400, f"Content-Length {text[:40]!r} is not a number", "bad_framing")
         return int(text), False
     return 0, False
 
@@ -244,14 +246,18 @@ def handle(
         path = urlsplit(target).path
         keys = presented_keys(target, headers)
         if not keys:
-            raise Refused(
+            raise BridgeRefusal(
                 403, "the request carries no API key; send this episode's key", "episode_key_required"
             )
         if not all(hmac.compare_digest(k.encode(), key.encode()) for k in keys):
-            raise Refused(403, "the request carries a key that is not this episode's", "episode_key_mismatch")
+            raise BridgeRefusal(
+                403, "the request carries a key that is not this episode's", "episode_key_mismatch"
+            )
         length, chunked = _framing(headers)
         if any(n == "upgrade" for n, _ in headers):
-            raise Refused(400, "a protocol upgrade (the gateway serves HTTP/1.1 only)", "upgrade_not_served")
+            raise BridgeRefusal(
+                400, "a protocol upgrade (the gateway serves HTTP/1.1 only)", "upgrade_not_served"
+            )
         kept = [(n, v) for n, v in headers if n not in HOP_HEADERS]
         kept.append(("connection", "close"))
         out = f"{method} {target} {version}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in kept) + "\r\n"
@@ -262,7 +268,7 @@ def handle(
         conn.settimeout(None)
         threading.Thread(target=_watch_client, args=(conn, upstream), daemon=True).start()
         _relay_answer(_Reader(upstream), conn, method)
-    except Refused as refusal:
+    except BridgeRefusal as refusal:
         if refused is not None:
             refused[refusal.code] += 1
         if upstream is None:
