@@ -331,6 +331,9 @@ def _train(
         "steps_run": result.steps_run,
         "metrics": str(out / "metrics.jsonl"),
         "last": result.metrics[-1] if result.metrics else None,
+        # rows whose logprob temperature was not recorded (export rows before v3): trained at T = 1 or at
+        # --assume-logprob-temperature
+        "rows_assumed_temperature": sum(s.temperature_assumed for s in samples),
     }
     if json_out:
         print_json(summary)

@@ -35,15 +35,34 @@ def test_train_from_a_jsonl_file_writes_a_checkpoint_and_metrics(
 ) -> None:
     data = jsonl(tmp_path / "rows.jsonl", scored_rows)
     out = tmp_path / "run"
-    args = ["--data", str(data), "--model", str(random_model_dir), "--out", str(out)]
+    args = ["--model", str(random_model_dir), "--data", str(data), "--out", str(out)]
     res = _run(*args, "--steps", "1", "--lr", "1e-4", "--device", "cpu", "--json")
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout[res.stdout.index("{") :])
     assert summary["weight_version"] == "1" and Path(summary["checkpoint"]) == out / "step-1"
+    assert summary["rows_assumed_temperature"] == 0  # v3 rows say their logprob temperature
     assert (out / "step-1" / "polarproxy.json").is_file()
-    res = _run(*args, "--steps", "1", "--device", "cpu", "--resume", "--json")
+    # the same rows as v2 (no logprob temperature): trained at T = 1, counted in the summary
+    v2 = jsonl(
+        tmp_path / "v2.jsonl",
+        [{k: v for k, v in r.items() if k != "logprob_temperatures"} for r in scored_rows],
+    )
+    res = _run(
+        *args[:2],
+        "--data",
+        str(v2),
+        "--out",
+        str(out),
+        "--steps",
+        "1",
+        "--device",
+        "cpu",
+        "--resume",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout[res.stdout.index("{") :])["step"] == 2
+    resumed = json.loads(res.stdout[res.stdout.index("{") :])
+    assert resumed["step"] == 2 and resumed["rows_assumed_temperature"] == len(scored_rows)
 
 
 def test_missing_data_file_is_an_error(tmp_path: Path, random_model_dir: Path) -> None:
