@@ -39,10 +39,12 @@ ISOLATIONS: tuple[Isolation, ...] = get_args(Isolation)
 # --- reconstruction and export --------------------------------------------------------------------------
 Strategy = Literal["per-request", "prefix-merge"]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
-ExportFormat = Literal["jsonl", "parquet", "sft"]
+ExportFormat = Literal["jsonl", "parquet", "sft", "slime", "verl", "trl", "nemo-rl", "openrlhf"]
 EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
-TokenFormat = Literal["jsonl", "parquet"]  # the export formats that carry token IDs
+TokenFormat = Literal["jsonl", "parquet"]  # polarproxy's own token rows (schemas/export-row.v3.json)
 TOKEN_FORMATS: tuple[TokenFormat, ...] = get_args(TokenFormat)
+TrainerFormat = Literal["slime", "verl", "trl", "nemo-rl", "openrlhf"]  # each trainer's own rows
+TRAINER_FORMATS: tuple[TrainerFormat, ...] = get_args(TrainerFormat)
 Estimator = Literal["none", "grpo", "rloo"]  # advantages
 ESTIMATORS: tuple[Estimator, ...] = get_args(Estimator)
 RewardScale = Literal["group", "batch", "none"]  # what GRPO divides rewards by

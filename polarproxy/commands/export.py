@@ -50,14 +50,16 @@ def export(
     strategy: Annotated[
         Strategy | None,
         typer.Option(
-            help="per-request (the default): one row per call; prefix-merge: calls that extend earlier ones "
-            "share a row. Token formats only."
+            help="per-request: one row per call; prefix-merge: calls that extend earlier ones share a row. "
+            "Default: per-request for jsonl and parquet, prefix-merge for the trainer formats."
         ),
     ] = None,
     fmt: Annotated[
         Format,
         typer.Option(
-            "--format", help="jsonl or parquet: token rows; sft: chat messages (schemas/sft-row.v1.json)."
+            "--format",
+            help="jsonl or parquet: token rows; sft: chat messages (schemas/sft-row.v1.json); slime, verl, "
+            "trl, nemo-rl, openrlhf: each trainer's own rows (docs/trainers.md).",
         ),
     ] = Format.jsonl,
     episode: Annotated[
@@ -90,13 +92,14 @@ def export(
     task: Annotated[str | None, typer.Option(help="Only episodes of this task.")] = None,
     group: Annotated[str | None, typer.Option(help="Only episodes of this group.")] = None,
     advantages: Annotated[
-        Advantages,
+        Advantages | None,
         typer.Option(
             help="Add each row's advantage from its group's episode rewards: grpo (r - mean) / (std + 1e-6), "
             "rloo (r - mean of the others), none. Episodes without a reward, and groups whose rewards are "
-            "all equal, are left out and counted (docs/usage.md)."
+            "all equal, are left out and counted (docs/usage.md). Default: none for jsonl and parquet, "
+            "grpo for the trainer formats."
         ),
-    ] = Advantages.none,
+    ] = None,
     scale_rewards: Annotated[
         ScaleRewards | None,
         typer.Option(
@@ -125,6 +128,12 @@ def export(
             help="Keep groups whose rewards are all equal (advantage 0.0) instead of dropping them."
         ),
     ] = False,
+    groups_per_file: Annotated[
+        int | None,
+        typer.Option(
+            help="--format slime with an --out holding {rollout_id}: groups per step file (default 1)."
+        ),
+    ] = None,
     jobs: Annotated[
         int,
         typer.Option(
@@ -138,10 +147,10 @@ def export(
     from polarproxy.errors import PolarproxyError
     from polarproxy.export.advantages import AdvantageOptions
     from polarproxy.export.filters import ExportFilters
-    from polarproxy.export.run import OptionError, check_options, run_export
+    from polarproxy.export.run import OptionError, check_options, default_estimator, run_export
 
     adv = AdvantageOptions(
-        advantages.value,
+        advantages.value if advantages is not None else default_estimator(fmt.value),
         scale_rewards.value if scale_rewards else None,
         keep_zero_variance,
         std_estimator=std_estimator.value,
@@ -172,6 +181,7 @@ def export(
     check_out_path(out)
     store = _open_for_export(db, json_out)
     from polarproxy.export.parallel import ExportJobError
+    from polarproxy.export.trainer_rows import TrainerRowError
 
     try:
         summary = run_export(
@@ -181,12 +191,15 @@ def export(
             filters=filters,
             episodes=episode,
             jobs=jobs,
+            groups_per_file=groups_per_file,
             **options,  # type: ignore[arg-type]
         )
     except OptionError as e:
         usage_fail(e.message, e.hint)
     except PolarproxyError as e:
         fail(e.message, e.hint)
+    except TrainerRowError as e:
+        fail(f"{e} {out} was left as it was.")
     except ExportJobError as e:
         fail(f"{e} {out} was left as it was.", "Run it again with --jobs 1 to export in this process alone.")
     except ValueError as e:

@@ -97,11 +97,16 @@ def rloo_advantages(rewards: Sequence[float]) -> list[float]:
 
 def group_key(ep: Episode) -> str:
     """The group an episode's advantage is computed in: its group, else its task, else itself."""
-    if ep.group_id:
-        return f"group:{ep.group_id}"
-    if ep.task:
-        return f"task:{ep.task}"
-    return f"episode:{ep.id}"
+    return group_of(ep.group_id, ep.task, ep.id)
+
+
+def group_of(group_id: str | None, task: str | None, episode_id: str) -> str:
+    """group_key from the three fields (a trajectory carries them without its Episode)."""
+    if group_id:
+        return f"group:{group_id}"
+    if task:
+        return f"task:{task}"
+    return f"episode:{episode_id}"
 
 
 @dataclass(slots=True, frozen=True)

@@ -40,6 +40,7 @@ class ExportStats:
     skipped_empty_rows: int = 0
     # calls by (temperature, top_p, top_k, logprob temperature): the distinct sampling settings written
     sampling: Counter[tuple[Any, ...]] = field(default_factory=Counter)
+    files: list[str] = field(default_factory=list)  # a format written as several files (slime's steps)
 
     def add(self, traj: Trajectory | SpanTrajectory) -> None:
         self.rows += 1
@@ -99,6 +100,7 @@ class ExportStats:
                 {"temperature": t, "top_p": p, "top_k": k, "logprob_temperature": lt, "calls": n}
                 for (t, p, k, lt), n in self.sampling.most_common()
             ],
+            **({"files": self.files} if self.files else {}),
         }
 
 

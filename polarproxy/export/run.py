@@ -8,10 +8,11 @@ computed over the episodes that pass, and each format writes the rows.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from polarproxy.choices import EXPORT_FORMATS, TOKEN_FORMATS
+from polarproxy.choices import EXPORT_FORMATS, TOKEN_FORMATS, TRAINER_FORMATS
 from polarproxy.errors import UsageError
 from polarproxy.export import parallel
 from polarproxy.export.advantages import AdvantageOptions, AdvantageReport, compute_advantages
@@ -21,6 +22,19 @@ from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
 FORMATS = EXPORT_FORMATS
 DEFAULT_STRATEGY = "per-request"
+TRAINER_STRATEGY = "prefix-merge"  # a trainer format's default: an agent loop is one sequence
+SLIME_TEMPLATE = "{rollout_id}"
+
+
+def default_strategy(fmt: str) -> str:
+    """The strategy a format uses when --strategy is not given."""
+    return TRAINER_STRATEGY if fmt in TRAINER_FORMATS else DEFAULT_STRATEGY
+
+
+def default_estimator(fmt: str) -> str:
+    """The advantages a format gets when --advantages is not given: grpo for the trainer formats (their
+    trainers read polarproxy's advantages), none for polarproxy's own rows."""
+    return "grpo" if fmt in TRAINER_FORMATS else "none"
 
 
 class OptionError(UsageError):
@@ -37,13 +51,14 @@ def check_options(
     advantages: AdvantageOptions | None = None,
 ) -> None:
     """Refuse options that would be silently ignored (OptionError), before anything is read."""
-    adv = advantages or AdvantageOptions()
+    adv = advantages or AdvantageOptions(default_estimator(fmt) if fmt in FORMATS else "none")
     if fmt not in FORMATS:
         raise OptionError(
             f"Unknown --format {fmt!r}. Must be one of {', '.join(map(repr, FORMATS))}.",
-            hint="jsonl or parquet: token rows; sft: chat messages.",
+            hint="jsonl or parquet: token rows; sft: chat messages; slime, verl, trl, nemo-rl, openrlhf: "
+            "each trainer's own rows (docs/trainers.md).",
         )
-    if fmt in TOKEN_FORMATS:
+    if fmt != "sft":
         given = [flag for flag, v in (("--tokenizer", tokenizer), ("--encoding", encoding)) if v is not None]
         if given:
             raise OptionError(
@@ -146,6 +161,7 @@ def run_export(
     encoding: str | None = None,
     plain: bool = False,
     jobs: int = 1,
+    groups_per_file: int | None = None,
 ) -> dict[str, Any]:
     """Export the store to `out` in `fmt`; return the summary `polarproxy export --json` prints.
 
@@ -158,8 +174,11 @@ def run_export(
 
     `episodes` are IDs or unique prefixes (`--episode`), added to `filters`. Raises OptionError for options
     that do not apply (exit 2), UsageError for values that name nothing, ValueError for a row that cannot be
-    written (the old `out` is then left as it was)."""
-    adv = advantages or AdvantageOptions()
+    written (the old `out` is then left as it was).
+
+    A trainer format (slime, verl, trl, nemo-rl, openrlhf) defaults to --strategy prefix-merge and
+    --advantages grpo; `groups_per_file` is slime's groups per step file (`out` holding `{rollout_id}`)."""
+    adv = advantages or AdvantageOptions(default_estimator(fmt) if fmt in FORMATS else "none")
     check_options(
         fmt,
         strategy=strategy,
@@ -170,11 +189,22 @@ def run_export(
     )
     if jobs < 1:
         raise OptionError(f"--jobs {jobs} is not a number of processes.", hint="Pass --jobs 1 or more.")
-    if fmt == "sft" and jobs > 1:
+    if fmt not in TOKEN_FORMATS and jobs > 1:
         raise OptionError(
-            "--jobs goes with --format jsonl or parquet (token rows), not --format sft.",
-            hint="Drop --jobs, or export token rows.",
+            f"--jobs goes with --format jsonl or parquet (token rows), not --format {fmt}.",
+            hint="Drop --jobs.",
         )
+    if groups_per_file is not None:
+        if fmt != "slime" or SLIME_TEMPLATE not in str(out):
+            raise OptionError(
+                "--groups-per-file goes with --format slime and an --out that holds {rollout_id} (one file "
+                "per training step, slime's --load-debug-rollout-data template).",
+                hint="e.g. --format slime --out 'steps/{rollout_id}.pt' --groups-per-file 8",
+            )
+        if groups_per_file < 1:
+            raise OptionError(
+                f"--groups-per-file {groups_per_file} is not a number of groups.", hint="Pass 1 or more."
+            )
     filters = filters or ExportFilters()
     ids = resolve_episodes(store, episodes)
     if ids is not None:
@@ -196,12 +226,11 @@ def run_export(
     from polarproxy.export.writers import get_writer
     from polarproxy.reconstruct import get_strategy
 
-    strategy = strategy or DEFAULT_STRATEGY
+    strategy = strategy or default_strategy(fmt)
     try:
         get_strategy(strategy)  # an unknown strategy fails here, before anything is read
     except ValueError as e:
         raise OptionError(str(e), hint="Use --strategy per-request or --strategy prefix-merge.") from None
-    write = get_writer(fmt)
     query = filters.query()
     chosen = {e.id: e for e in store.list_episodes(limit=None, where=query, counts=False)}
     report = None
@@ -219,6 +248,18 @@ def run_export(
             filters.calls(source), chosen, strategy, include_failed=include_failed, report=report
         )
 
+    if fmt in TRAINER_FORMATS:
+        from polarproxy.export.advantages import group_key
+        from polarproxy.export.trainers import TrainerOptions, get_trainer_writer
+
+        if report is not None:
+            sizes = Counter(report.groups[eid] for eid in report.advantages)
+        else:
+            sizes = Counter(group_key(ep) for ep in chosen.values())
+        options = TrainerOptions(groups_per_file=groups_per_file or 1, group_sizes=sizes)
+        stats = get_trainer_writer(fmt)(rows(store, None), out, options)
+        return _summary(out, strategy, fmt, stats, chosen, 1, filters, report)
+    write = get_writer(fmt)
     parts: list[list[str]] = []
     if jobs > 1 and not plain and parallel.why_not_parallel(store) is None:
         from polarproxy.store.token_calls import episode_calls
@@ -228,13 +269,26 @@ def run_export(
         stats = write(rows(store, None), out)
     else:
         stats = _write_in_parts(store, out, write, rows, parts, report)
+    return _summary(out, strategy, fmt, stats, chosen, max(1, len(parts)), filters, report)
+
+
+def _summary(
+    out: str | os.PathLike[str],
+    strategy: str,
+    fmt: str,
+    stats: ExportStats,
+    chosen: dict[str, Any],
+    jobs: int,
+    filters: ExportFilters,
+    report: AdvantageReport | None,
+) -> dict[str, Any]:
     return {
         "out": str(out),
         "strategy": strategy,
         "format": fmt,
         **stats.summary(),
         "episodes": len(chosen),
-        "jobs": max(1, len(parts)),
+        "jobs": jobs,
         "filters": filters.describe(),
         "advantages": None if report is None else report.summary(),
     }
