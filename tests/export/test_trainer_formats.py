@@ -98,6 +98,42 @@ def _hot(store: Store, source: str) -> str:
     return eid
 
 
+def _copy(store: Store, source: str, group: str, calls: int, reward: float) -> str:
+    """A new episode of `group` holding the first `calls` calls of a recorded one (its tokens and logprobs),
+    finished with `reward`: a group whose episodes differ in length."""
+    eid = store.create_episode(EpisodeStart(command=["agent"], task=f"task-{group}", group_id=group))
+    previous = None
+    for call in store.list_calls(source)[:calls]:
+        start = CallStart(
+            episode_id=eid,
+            dialect=call.dialect,
+            method="POST",
+            path=call.path,
+            model=call.model,
+            stream=call.stream,
+            request_headers={},
+            request_body="{}",
+            prompt_ids=list(call.prompt_ids),
+            conversation=call.conversation,
+            render_mode=call.render_mode,
+            extended_from=previous,
+            logprob_temperature=call.logprob_temperature,
+        )
+        previous, _ = store.begin_call(start)
+        result = CallResult(
+            status="ok",
+            output_ids=list(call.output_ids),
+            output_logprobs=list(call.output_logprobs),
+            completion=call.completion,
+            finish_reason=call.finish_reason,
+            weight_version=call.weight_version,
+        )
+        store.finish_call(previous, result)
+    store.finish_episode(eid, status="ok", exit_code=0)
+    store.set_reward(eid, reward)
+    return eid
+
+
 @pytest.fixture(scope="module")
 def recorded(backend, tiny_model_dir, tmp_path_factory):
     ws = tmp_path_factory.mktemp("ws")
@@ -112,6 +148,9 @@ def recorded(backend, tiny_model_dir, tmp_path_factory):
     with Store.open(str(db)) as store:
         _branch(store, episodes[("g1", 0)])
         hot = _hot(store, episodes[("g2", 0)])
+        short = _copy(store, episodes[("g2", 0)], "uneven", 1, 1.0)  # solved in one call
+        long = _copy(store, episodes[("g2", 1)], "uneven", 3, 0.0)
+    episodes[("uneven", 0)], episodes[("uneven", 1)] = short, long
     return db, episodes, hot
 
 
@@ -159,7 +198,9 @@ def test_openrlhf_verl_and_nemo_rl_rows_are_the_jsonl_rows_in_their_trainers_nam
     db, episodes, _hot = recorded
     chosen = _episodes(*episodes.values())
     ref = _reference(db, tmp_path, *chosen)
-    assert len(ref) == 6  # 4 linear episodes, and the branched one's two more leaf paths
+    assert (
+        len(ref) == 8
+    )  # 6 linear episodes, and the branched one's two more leaf paths  # 4 linear episodes, and the branched one's two more leaf paths
     with Store.open(str(db)) as store:
         summary = _ok(_export(db, tmp_path / "o.jsonl", "openrlhf", *chosen))
         assert summary["strategy"] == "prefix-merge" and summary["advantages"]["estimator"] == "grpo"
@@ -268,7 +309,7 @@ def test_slime_files_hold_samples_per_step_of_complete_groups(recorded, tmp_path
     steps = tmp_path / "steps"
     steps.mkdir()
     summary = _ok(_export(db, steps / "{rollout_id}.pt", "slime", "--groups-per-file", "1", *chosen))
-    assert summary["files"] == [str(steps / "0.pt"), str(steps / "1.pt")]
+    assert summary["files"] == [str(steps / f"{i}.pt") for i in range(3)]  # g1, g2, uneven
     with Store.open(str(db)) as store:
         seen_groups = []
         for i, path in enumerate(summary["files"]):
@@ -292,7 +333,7 @@ def test_slime_files_hold_samples_per_step_of_complete_groups(recorded, tmp_path
                 assert s["weight_versions"] == [v for v in r["weight_versions"] if v is not None]
                 by_episode.setdefault(s["rollout_id"], set()).add(extra["episode_id"])
             assert all(len(eps) == 1 for eps in by_episode.values())  # one rollout_id per episode
-        assert sorted(seen_groups) == [0, 1]
+        assert sorted(seen_groups) == [0, 1, 2]
         assert sorted(s["index"] for s in one["samples"]) == list(range(len(ref)))
 
 
@@ -342,3 +383,59 @@ def test_rows_without_token_ids_are_refused_and_bad_options_are_usage_errors(rec
     assert res.returncode == 2 and "{rollout_id}" in res.stderr
     res = _export(db, tmp_path / "x.jsonl", "trl", "--tokenizer", str(tmp_path))
     assert res.returncode == 2 and "--tokenizer" in res.stderr
+
+
+def test_trls_own_grpo_step_on_the_replayed_rows_gives_polarproxy_trains_loss(
+    recorded, tiny_model_dir, tmp_path
+):
+    """TRL 1.16's GRPOTrainer, fed the `trl` rows through polarproxy/integrations/trl_replay.py (TRL computes
+    its advantages from the recorded rewards: scale_rewards none), and `polarproxy train` on the same
+    episodes' jsonl rows (--advantages grpo --scale-rewards none): the first step's loss is the same."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from polarproxy.integrations.trl_replay import TrlReplay, recorded_reward
+    from polarproxy.train.metrics import read_metrics
+
+    db, episodes, _hot = recorded
+    g2 = _episodes(episodes[("uneven", 0)], episodes[("uneven", 1)])  # rows of two lengths: a loss not 0
+    adv = ("--advantages", "grpo", "--scale-rewards", "none")
+    _ok(_export(db, tmp_path / "t.jsonl", "trl", *adv, *g2))
+    _ok(_export(db, tmp_path / "rows.jsonl", "jsonl", "--strategy", "prefix-merge", *adv, *g2))
+    train = [sys.executable, "-m", "polarproxy", "train", "--data", str(tmp_path / "rows.jsonl")]
+    train += ["--model", str(tiny_model_dir), "--out", str(tmp_path / "pp"), "--steps", "1", "--lr", "0"]
+    train += ["--device", "cpu", "--rows-per-step", "2", "--loss-agg", "token-mean"]
+    res = subprocess.run(train, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ours = read_metrics(tmp_path / "pp")[0]
+
+    replay = TrlReplay(tmp_path / "t.jsonl")
+    assert replay.num_generations == 2
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=2,
+        num_generations=replay.num_generations,
+        max_steps=1,
+        learning_rate=0.0,
+        beta=0.0,
+        scale_rewards="none",
+        loss_type="dapo",
+        max_completion_length=4096,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=recorded_reward,
+        args=config,
+        train_dataset=Dataset.from_list(replay.dataset()),
+        rollout_func=replay,
+    )
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if "loss" in h)
+    assert abs(ours["loss"]) > 0.01 and ours["trainable_tokens"] > logged["completions/min_length"]
+    assert logged["loss"] == pytest.approx(ours["loss"], abs=1e-5), (logged, ours)
