@@ -439,3 +439,71 @@ def test_trls_own_grpo_step_on_the_replayed_rows_gives_polarproxy_trains_loss(
     logged = next(h for h in trainer.state.log_history if "loss" in h)
     assert abs(ours["loss"]) > 0.01 and ours["trainable_tokens"] > logged["completions/min_length"]
     assert logged["loss"] == pytest.approx(ours["loss"], abs=1e-5), (logged, ours)
+
+
+def test_the_verl_replay_and_slime_advantage_pieces_read_the_exported_files(recorded, tmp_path):
+    """What can run here without verl and slime (neither installs on this CPU machine): the replay agent
+    loop's rows and dataset, the batch verl pads them into (prompts left, responses right, the reward on the
+    last response token), and slime's reward post-process giving polarproxy's advantages."""
+    torch = pytest.importorskip("torch")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from polarproxy.integrations.slime_advantages import reward_post_process
+    from polarproxy.integrations.verl_replay import (
+        GROUP_FIELD,
+        Replay,
+        output_fields,
+        pad_batch,
+        write_dataset,
+    )
+
+    db, episodes, _hot = recorded
+    chosen = _episodes(*(e for k, e in episodes.items() if k[0] != "uneven"))
+    ref = _reference(db, tmp_path, *chosen)
+    _ok(_export(db, tmp_path / "v.parquet", "verl", *chosen))
+    n = write_dataset(tmp_path / "v.parquet", tmp_path / "train.parquet")
+    dataset = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    assert n == 4  # g1: the branched episode's three leaf paths and the other episode
+    assert {d[GROUP_FIELD] for d in dataset} == {"group:g1", "group:g2"}
+    assert all(d["agent_name"] == "polarproxy_replay" for d in dataset)
+    replay = Replay(tmp_path / "v.parquet")
+    rows = [replay.next("group:g1") for _ in range(n + 1)]
+    assert rows[n] == rows[0]  # a new epoch starts over
+    assert len({json.loads(r["polarproxy"])["call_ids"][0] for r in rows[:n]}) == n
+    outputs = [output_fields(r) for r in rows[:n]]
+    assert set(outputs[0]) == {"prompt_ids", "response_ids", "response_mask", "response_logprobs"} | {
+        "reward_score",
+        "num_turns",
+    }
+    longest_prompt = max(len(o["prompt_ids"]) for o in outputs)
+    longest_response = max(len(o["response_ids"]) for o in outputs)
+    batch = pad_batch(outputs, longest_prompt + 3, longest_response + 5, pad_token_id=-1)
+    assert batch["input_ids"].shape == (n, longest_prompt + 3 + longest_response + 5)
+    with Store.open(str(db)) as store:
+        for i, (o, row) in enumerate(zip(outputs, rows, strict=False)):
+            p, r = len(o["prompt_ids"]), len(o["response_ids"])
+            assert (batch["prompts"][i, : longest_prompt + 3 - p] == -1).all()  # left-padded
+            assert (batch["responses"][i, r:] == -1).all() and (batch["rollout_log_probs"][i, r:] == 0).all()
+            real = batch["attention_mask"][i].astype(bool)
+            assert batch["position_ids"][i][real].tolist() == list(range(p + r))
+            ids = batch["input_ids"][i][real].tolist()
+            mask = [0] * p + batch["response_mask"][i, :r].tolist()
+            logprobs = [0.0] * p + [float(x) for x in batch["rollout_log_probs"][i, :r]]
+            reference = ref[tuple(json.loads(row["polarproxy"])["call_ids"])]
+            reference = {
+                **reference,
+                "logprobs": [None if x is None else float(np.float32(x)) for x in reference["logprobs"]],
+            }
+            _same_as_reference(reference, ids, mask, logprobs, store)
+            assert (
+                batch["rm_scores"][i, r - 1] == reference["reward"]
+                and batch["rm_scores"][i].sum() == reference["reward"]
+            )
+
+    _ok(_export(db, tmp_path / "s.pt", "slime", *chosen))
+    samples = torch.load(tmp_path / "s.pt", weights_only=False)["samples"]
+    raw, advantages = reward_post_process(None, samples)
+    by_calls = {
+        tuple(s["metadata"]["polarproxy"]["call_ids"]): (rw, a)
+        for s, rw, a in zip(samples, raw, advantages, strict=True)
+    }
+    assert by_calls == {k: (r["reward"], r["advantage"]) for k, r in ref.items()}
