@@ -192,3 +192,18 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
         secret_next = _takes_secret(arg)
         user_next = arg in ("-u", "--user", "--proxy-user", "-U")
     return out
+
+
+def without_userinfo(url: str) -> str:
+    """`url` without user:password@ and without a trailing slash (what errors and logs may show of an HTTP
+    URL: a gateway's, a backend's)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url.rstrip("/")
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")

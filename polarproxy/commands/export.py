@@ -128,6 +128,22 @@ def export(
             help="Keep groups whose rewards are all equal (advantage 0.0) instead of dropping them."
         ),
     ] = False,
+    follow: Annotated[
+        str | None,
+        typer.Option(
+            "--follow",
+            help="Write a `serve` gateway's trajectory stream (whole groups, advantages computed there) as "
+            "files in the folder --out while rollouts run, until Ctrl-C (docs/trainers.md).",
+        ),
+    ] = None,
+    control_token: Annotated[
+        str | None,
+        typer.Option(
+            "--control-token",
+            envvar="POLARPROXY_CONTROL_TOKEN",
+            help="The control token of --follow's gateway (never printed).",
+        ),
+    ] = None,
     groups_per_file: Annotated[
         int | None,
         typer.Option(
@@ -178,6 +194,31 @@ def export(
         usage_fail(e.message, e.hint)
     except PolarproxyError as e:
         usage_fail(e.message, e.hint)
+    if follow is not None:
+        store_only = {
+            "--db": db,
+            "--episode": episode,
+            "--include-failed": include_failed,
+            "--status": status,
+            "--min-reward": min_reward,
+            "--since": since,
+            "--harness": harness,
+            "--model-name": model_name,
+            "--task": task,
+            "--group": group,
+            "--scale-rewards": scale_rewards,
+            "--keep-zero-variance": keep_zero_variance,
+            "--failed-as-zero": failed_as_zero,
+            "--jobs": jobs if jobs > 1 else None,
+        }
+        given = [flag for flag, value in store_only.items() if value not in (None, False, [])]
+        if given:
+            usage_fail(
+                f"{', '.join(given)} read the store; --follow reads a gateway's trajectory stream.",
+                "Drop them, or export from the store without --follow.",
+            )
+        _follow(follow, control_token, out, fmt.value, options, adv, groups_per_file, json_out)
+        return
     check_out_path(out)
     store = _open_for_export(db, json_out)
     from polarproxy.export.parallel import ExportJobError
@@ -227,3 +268,68 @@ def export(
                 f"{adv_summary['rows_dropped']} rows dropped"
             )
         typer.echo(line, err=True)
+
+
+def _follow(
+    url: str,
+    token: str | None,
+    out: Path,
+    fmt: str,
+    options: dict[str, Any],
+    adv: Any,
+    groups_per_file: int | None,
+    json_out: bool,
+) -> None:
+    """`export --follow URL`: the stream's answers as files in the folder `out` until Ctrl-C."""
+    import threading
+
+    from polarproxy.errors import UsageError
+    from polarproxy.export.follow import ExportFollowConfig, follow_export
+    from polarproxy.export.pull import StreamError, stop_on_signals
+    from polarproxy.export.run import default_strategy
+    from polarproxy.export.trainer_rows import TrainerRowError
+
+    if out.exists() and not out.is_dir():
+        usage_fail(
+            f"--out '{out}' is a file; --follow writes a folder of files.",
+            "Pass a folder, e.g. --out rollouts/.",
+        )
+    if groups_per_file is not None and (fmt != "slime" or groups_per_file < 1):
+        usage_fail(
+            "--groups-per-file takes 1 or more, with --format slime.", "Drop it, or pass --format slime."
+        )
+    if adv.estimator == "none":
+        usage_fail(
+            "--follow pulls whole groups with their advantages; --advantages none has none to pull.",
+            "Pass --advantages grpo or rloo (grpo is the default).",
+        )
+    cfg = ExportFollowConfig(
+        url=url,
+        out=out,
+        fmt=fmt,
+        token=token,
+        strategy=options["strategy"] or default_strategy(fmt),
+        advantages=adv.estimator,
+        std_estimator=adv.std_estimator,
+        groups_per_file=groups_per_file or 1,
+    )
+    stop = threading.Event()
+
+    def written(files: list[str], _stats: Any) -> None:
+        if not json_out:
+            for f in files:
+                typer.echo(f"wrote {f}", err=True)
+
+    try:
+        with stop_on_signals(stop):
+            result = follow_export(cfg, stop, written)
+    except StreamError as e:
+        fail(str(e), e.hint)
+    except UsageError as e:
+        usage_fail(e.message, e.hint)
+    except TrainerRowError as e:
+        fail(f"{e} The stream's cursor stays before these rows.")
+    if json_out:
+        print_json({"out": str(out), "format": fmt, "strategy": cfg.strategy, **result.summary()})
+    else:
+        typer.echo(f"stopped: {len(result.files)} file(s), {result.stats.rows} rows in {out}", err=True)

@@ -32,7 +32,8 @@ def sync_command(
             f"'{checkpoint}' is not a checkpoint folder (no config.json).",
             "Pass OUT/step-N of a `train` run.",
         )
-    from polarproxy.train.sync import SyncError, display_url, sync_weights
+    from polarproxy.redact import without_userinfo
+    from polarproxy.train.sync import SyncError, sync_weights
 
     try:
         done = sync_weights(
@@ -46,7 +47,7 @@ def sync_command(
     except SyncError as e:
         fail(f"The backend did not take the checkpoint: {e}", "Is it running, and of --sync-kind?")
     summary = {
-        "backend": display_url(backend),
+        "backend": without_userinfo(backend),
         "checkpoint": str(checkpoint),
         "weight_version": done.weight_version,
     }
@@ -54,5 +55,6 @@ def sync_command(
         print_json(summary)
     else:
         typer.echo(
-            f"{display_url(backend)} serves {checkpoint} (weight version {done.weight_version})", err=True
+            f"{without_userinfo(backend)} serves {checkpoint} (weight version {done.weight_version})",
+            err=True,
         )

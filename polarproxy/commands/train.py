@@ -385,14 +385,15 @@ def _follow(model: Path, out: Path, cfg: TrainConfig, fcfg: FollowConfig, *, jso
     """`train --follow`: steps as groups land, a line per step on stderr, a summary at Ctrl-C."""
     import threading
 
+    from polarproxy.export.pull import stop_on_signals
+    from polarproxy.redact import without_userinfo
     from polarproxy.train.data import DataError
-    from polarproxy.train.follow import FollowError, follow, stop_on_signals
+    from polarproxy.train.follow import FollowError, follow
     from polarproxy.train.loop import TrainError
-    from polarproxy.train.sync import display_url
 
     def ready() -> None:
         typer.echo(
-            f"following {display_url(fcfg.url)} (whole groups, {fcfg.advantages} advantages, "
+            f"following {without_userinfo(fcfg.url)} (whole groups, {fcfg.advantages} advantages, "
             f"max staleness {fcfg.max_staleness}); Ctrl-C stops after the step in flight",
             err=True,
         )

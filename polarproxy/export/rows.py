@@ -238,3 +238,39 @@ def _per_call(traj: Trajectory | SpanTrajectory) -> dict[str, list[Any]]:
     if traj.advantage is not None and not math.isfinite(traj.advantage):
         raise ValueError(f"Trajectory of calls {traj.call_ids} has advantage {traj.advantage}, not finite.")
     return out
+
+
+def row_trajectory(row: dict[str, Any]) -> Trajectory:
+    """The Trajectory of an export row (the trajectory stream's answer, a JSONL line): its calls' output
+    spans from `metadata.call_output_spans` (prefix-merge rows), or for a row of one call the run of its
+    sampled tokens. ValueError for a row that says neither."""
+    mask = row["loss_mask"]
+    spans = (row.get("metadata") or {}).get("call_output_spans")
+    if spans is None:
+        if len(row["call_ids"]) != 1:
+            raise ValueError(
+                f"Row of calls {row['call_ids']} has no metadata.call_output_spans saying which tokens each "
+                "call sampled."
+            )
+        ones = [i for i, m in enumerate(mask) if m]
+        spans = [[ones[0], ones[-1] + 1]] if ones else [[len(mask), len(mask)]]
+    per_call = {name: row.get(name) or [] for name in PER_CALL_FIELDS}
+    return Trajectory(
+        episode_id=row["episode_id"],
+        call_ids=list(row["call_ids"]),
+        strategy=row["strategy"],
+        input_ids=list(row["input_ids"]),
+        loss_mask=list(mask),
+        logprobs=list(row["logprobs"]),
+        model=row["model"],
+        weight_version=row.get("weight_version"),
+        finish_reason=row.get("finish_reason"),
+        messages=row.get("messages") or [],
+        tools=row.get("tools") or [],
+        reward=row.get("reward"),
+        group_id=row.get("group_id"),
+        metadata=dict(row.get("metadata") or {}),
+        call_spans=[(int(a), int(b)) for a, b in spans],
+        advantage=row.get("advantage"),
+        **per_call,
+    )

@@ -26,19 +26,18 @@ when a checkpoint was written, `rows_pending`, are not fetched again).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from polarproxy.choices import STRATEGIES
+from polarproxy.export.pull import StreamError, TrajectoryPuller
+from polarproxy.redact import without_userinfo
 from polarproxy.train.config import TrainConfig
 from polarproxy.train.data import Sample, sample_from_row
 
@@ -49,13 +48,12 @@ FOLLOW_ADVANTAGES = ("grpo", "rloo")  # "none" gives rows without advantages, wh
 WAIT_S = 2.0  # one long poll: also how long an idle follower takes to notice a stop
 
 
-class FollowError(RuntimeError):
+class FollowError(StreamError):
     """The gateway cannot be followed (unreachable, refused, gone) or the backend did not take a
     checkpoint; the message says what and where."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
+        super().__init__(message, hint)
         self.result: FollowResult | None = None  # what the run did before it failed (follow() sets it)
 
 
@@ -146,27 +144,6 @@ def row_staleness(sample: Sample, version: int) -> int | None:
     return None if sample.weight_version is None else version - sample.weight_version
 
 
-@contextlib.contextmanager
-def stop_on_signals(stop: threading.Event, on_signal: Callable[[int], None] | None = None) -> Iterator[None]:
-    """Set `stop` on SIGINT or SIGTERM (instead of KeyboardInterrupt) while inside; `on_signal(signum)`
-    is told. Only the main thread can install handlers; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-        if on_signal is not None:
-            on_signal(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def saved_cursor(out_dir: str | os.PathLike[str], url: str) -> str | None:
     """The stream cursor kept with the last checkpoint in `out_dir`, if it followed the same `url`."""
     from polarproxy.train import checkpoint as ckpt
@@ -185,57 +162,27 @@ def saved_cursor(out_dir: str | os.PathLike[str], url: str) -> str | None:
 
 
 def _shown(url: str) -> str:
-    from polarproxy.train.sync import display_url
-
-    return display_url(url)
+    return without_userinfo(url)
 
 
-class _Stream:
-    """The gateway's trajectory stream, whole groups with advantages, one long poll at a time."""
+class _Stream(TrajectoryPuller):
+    """The gateway's trajectory stream as `train --follow` reads it: its errors are FollowErrors."""
 
     def __init__(self, fcfg: FollowConfig, cursor: str | None) -> None:
-        from polarproxy.client import Client
-
-        self.fcfg = fcfg
-        self.cursor = cursor
-        self.client = Client(fcfg.url, fcfg.token)
+        super().__init__(
+            fcfg.url,
+            fcfg.token,
+            strategy=fcfg.strategy,
+            advantages=fcfg.advantages,
+            std_estimator=fcfg.std_estimator,
+            cursor=cursor,
+        )
 
     def pull(self, wait: float) -> list[dict[str, Any]]:
-        import httpx
-
-        from polarproxy.client import ControlError
-
-        shown = _shown(self.fcfg.url)
         try:
-            rows, self.cursor = self.client.pull(
-                strategy=self.fcfg.strategy,
-                cursor=self.cursor,
-                wait=wait,
-                groups="complete",
-                advantages=self.fcfg.advantages,
-                std_estimator=self.fcfg.std_estimator,
-            )
-        except ControlError as e:
-            if e.status in (401, 403):
-                raise FollowError(
-                    f"The gateway at {shown} refused the control token ({e.status}: {e.message}).",
-                    "Pass the --control-token (or POLARPROXY_CONTROL_TOKEN) that `polarproxy serve` was started with.",
-                ) from None
-            raise FollowError(f"The gateway at {shown} answered {e.status}: {e.message}") from None
-        except httpx.HTTPError as e:
-            raise FollowError(
-                f"Cannot reach the gateway at {shown} ({type(e).__name__}: {e}).",
-                "Start it with `polarproxy serve --control-token TOKEN ...`, or pass the URL it printed.",
-            ) from None
-        except (ValueError, KeyError) as e:
-            raise FollowError(
-                f"{shown} did not answer as a polarproxy gateway's trajectory stream ({e}).",
-                "Pass the URL of `polarproxy serve` (it printed it when it started).",
-            ) from None
-        return rows
-
-    def close(self) -> None:
-        self.client.close()
+            return super().pull(wait)
+        except StreamError as e:
+            raise FollowError(str(e), e.hint) from None
 
 
 class _Follower:
@@ -253,7 +200,7 @@ class _Follower:
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
         r = self.result
-        r.excluded_failed = self.stream.client.excluded_failed
+        r.excluded_failed = self.stream.excluded_failed
         r.rows_received += len(rows)
         r.groups_received += len({row.get("group_id") or row.get("episode_id") for row in rows})
         for row in rows:

@@ -34,12 +34,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from polarproxy.backends.checkpoint import CHECKPOINT_META, CheckpointMetaError, read_weight_version
 from polarproxy.choices import PAUSE_MODES, SYNC_KINDS, PauseMode, SyncKind
+from polarproxy.redact import without_userinfo
 
 _BODY_SHOWN = 300  # characters of an unexpected answer quoted in an error
 
@@ -87,7 +87,7 @@ def sync_weights(
         what = "does not exist" if not folder.exists() else "is not a model folder (it has no config.json)"
         raise SyncError(f"Checkpoint {folder} {what}; pass a folder written by save_pretrained (OUT/step-N).")
     version = weight_version if weight_version is not None else _version_from(folder)
-    shown = display_url(url)
+    shown = without_userinfo(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     started = time.monotonic()
     with httpx.Client(base_url=url.rstrip("/"), timeout=timeout, headers=headers, trust_env=False) as http:
@@ -97,18 +97,6 @@ def sync_weights(
         else:
             message = _sync_sglang(call, str(folder), version, pause_mode, flush_cache)
     return SyncResult(shown, kind, str(folder), version, message, time.monotonic() - started)
-
-
-def display_url(url: str) -> str:
-    """`url` without user:password@ (what errors and logs may show)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url.rstrip("/")
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
 
 
 def _version_from(folder: Path) -> str:

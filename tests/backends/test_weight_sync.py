@@ -17,7 +17,8 @@ from vllm_double import VLLMDouble
 
 from polarproxy.backends.base import GenerateParams
 from polarproxy.backends.sglang import SGLangBackend
-from polarproxy.train.sync import SyncError, display_url, sync_weights
+from polarproxy.redact import without_userinfo
+from polarproxy.train.sync import SyncError, sync_weights
 
 EOS = 7
 
@@ -97,7 +98,7 @@ def test_a_folder_that_is_no_checkpoint_fails_before_the_server_is_asked(double,
 
 def test_errors_never_show_credentials(tmp_path):
     url = f"http://trainer:hunter2@127.0.0.1:{free_port()}"
-    assert display_url(url) == url.replace("trainer:hunter2@", "")
+    assert without_userinfo(url) == url.replace("trainer:hunter2@", "")
     with pytest.raises(SyncError) as e:
         sync_weights(url, checkpoint(tmp_path, "s"), "v1", api_key="sk-secret-key", timeout=5)
     assert "Cannot reach the backend" in str(e.value)

@@ -25,10 +25,12 @@ from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 class TrainerOptions:
     """`groups_per_file`: slime's groups per training step, one file each when `out` holds `{rollout_id}`;
     `group_sizes`: how many episodes each group (`TrainerRow.group`) has in this export, so a step file is
-    written as soon as its groups are complete (without it, every group completes at the end)."""
+    written as soon as its groups are complete (without it, every group completes at the end); `first_step`:
+    the number of the first step file."""
 
     groups_per_file: int = 1
     group_sizes: Mapping[str, int] | None = None
+    first_step: int = 0  # the number of slime's first step file (`export --follow` goes on counting)
 
 
 class TrainerWriter(Protocol):

@@ -137,16 +137,16 @@ def write_slime(
                 step += waiting.pop(group)
                 step_groups += 1
                 if step_groups == options.groups_per_file:
-                    files.save(torch, len(files.staged), step)
+                    files.save(torch, options.first_step + len(files.staged), step)
                     step, step_groups = [], 0
         for samples in waiting.values():  # groups that completed only at the end, in order of appearance
             step += samples
             step_groups += 1
             if template is not None and step_groups == options.groups_per_file:
-                files.save(torch, len(files.staged), step)
+                files.save(torch, options.first_step + len(files.staged), step)
                 step, step_groups = [], 0
         if step or not files.staged:
-            files.save(torch, len(files.staged), step)
+            files.save(torch, options.first_step + len(files.staged), step)
         stats.files = files.commit()
     except BaseException:
         files.discard()
