@@ -31,6 +31,11 @@ trajectories: 250 episodes x 30 calls growing to 32,768 tokens (`--episodes 250 
 --no-prompts`), about as many recorded tokens as the default store, in 4x fewer, longer calls. A call's
 fixed cost (its row, its place in the merge) weighs 4x less per written token there.
 
+The trainer formats (`--format slime|verl|trl|nemo-rl|openrlhf`, prefix-merged, `--advantages none`: the
+bench store has no rewards) run last, each through `run_export` as the command does; slime writes one file
+per 10 groups (`{rollout_id}` in the path). nemo-rl's `rollout_details` repeat each turn's whole prompt
+(the RolloutDetail shape), so it writes more tokens than it reads: its rate counts the tokens of the rows.
+
 Targets: >= 10 M written tokens/s for every strategy and format (issue 12), memory flat in the store's size;
 prompt construction at turn 128 within 2x of turn 1 (issue 4).
 """
@@ -43,6 +48,7 @@ import json
 import os
 import pstats
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,7 +71,10 @@ RUNS = (
         for fmt in ("jsonl", "parquet")
         for path in PATHS
     ),
+    # each trainer's own format (export/trainers/), prefix-merged as those formats default, by `run_export`
+    *(("prefix-merge", fmt, "arrays") for fmt in ("slime", "verl", "trl", "nemo-rl", "openrlhf")),
 )
+TRAINER_FORMATS = ("slime", "verl", "trl", "nemo-rl", "openrlhf")
 TARGET_TOKENS_PER_S = 10e6
 TARGET_PROMPT_RATIO = 2.0
 VOCAB = 150_000
@@ -192,6 +201,8 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
     from polarproxy.store.token_calls import iter_token_calls
 
     store = Store.open(db)
+    if fmt in TRAINER_FORMATS:
+        return _run_trainer_format(store, strategy, fmt, out)
     if strategy != "read":
         reconstruct, write = get_strategy(strategy), get_writer(fmt)
         if fmt == "parquet":  # one-time imports before the clock starts (pyarrow pulls in pandas lazily)
@@ -222,7 +233,9 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
 
         summary = run_export(store, out, fmt=fmt, strategy=strategy, jobs=2)
         jobs = summary["jobs"]  # 1 for a store under 2 x MIN_CALLS_PER_JOB calls (a --quick run)
-        stats = ExportStats(**{k: summary[k] for k in ExportStats.__dataclass_fields__ if k != "sampling"})
+        stats = ExportStats(
+            **{k: summary[k] for k in ExportStats.__dataclass_fields__ if k not in ("sampling", "files")}
+        )
         for d in summary["sampling"]:  # listed in the summary, counted in the stats
             stats.sampling[(d["temperature"], d["top_p"], d["top_k"], d["logprob_temperature"])] = d["calls"]
     else:  # as export/run.py reads them
@@ -255,6 +268,54 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
     }
 
 
+def _run_trainer_format(store: Any, strategy: str, fmt: str, out: str) -> dict[str, Any]:
+    """A trainer format as `polarproxy export --format FMT --advantages none` writes it (slime: one file per
+    10 groups, `{rollout_id}` in the path, so memory stays flat); timed as run_one times the others."""
+    from polarproxy.export.advantages import AdvantageOptions
+    from polarproxy.export.rows import ExportStats
+    from polarproxy.export.run import run_export
+
+    if fmt == "slime":
+        import torch  # one-time import before the clock starts
+
+        del torch
+        os.makedirs(out, exist_ok=True)
+        target = os.path.join(out, "{rollout_id}.pt")
+    else:
+        import pyarrow.parquet  # noqa: F401  (verl's writer; imported before the clock starts)
+
+        target = out
+    rss_before = peak_rss_mb()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    summary = run_export(
+        store,
+        target,
+        fmt=fmt,
+        strategy=strategy,
+        advantages=AdvantageOptions("none"),
+        groups_per_file=10 if fmt == "slime" else None,
+    )
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    store.close()
+    stats = ExportStats(
+        **{k: summary[k] for k in ExportStats.__dataclass_fields__ if k not in ("sampling", "files")}
+    )
+    files = summary.get("files") or [out]
+    return {
+        "strategy": strategy,
+        "format": fmt,
+        "path": "arrays",
+        "jobs": 1,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "stats": stats.summary(),
+        "file_bytes": sum(os.path.getsize(f) for f in files),
+        "rss_before_mb": rss_before,
+        "peak_rss_mb": peak_rss_mb(),
+        "workers_peak_rss_mb": None,
+    }
+
+
 def export_phase(db: Path, tmp: Path, profile: str | None) -> list[dict[str, Any]]:
     results = []
     for strategy, fmt, path in RUNS:
@@ -280,7 +341,9 @@ def export_phase(db: Path, tmp: Path, profile: str | None) -> list[dict[str, Any
             f"  {strategy:>12} {fmt:<7} {path:<6} {r['seconds']:7.2f} s  "
             f"{r['recorded_tokens_per_s'] / 1e6:6.2f} M rec tok/s"
         )
-        if out.exists():
+        if out.is_dir():
+            shutil.rmtree(out)
+        elif out.exists():
             out.unlink()
         # The next run starts with no writeback of this one's output pending: a per-request JSONL file is
         # 1.6 GB, which the kernel would otherwise flush while the next export runs. Each run's own writing
