@@ -85,6 +85,14 @@ def rollout(
             "only PATH, locale and terminal variables pass otherwise).",
         ),
     ] = None,
+    harness_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--harness-arg",
+            help="Add this argument to the --harness preset's headless command, before the instruction "
+            "(repeatable): --harness-arg=--sandbox --harness-arg=workspace-write.",
+        ),
+    ] = None,
     ro_bind: Annotated[
         list[Path] | None,
         typer.Option(
@@ -205,6 +213,11 @@ def rollout(
             usage_fail(
                 f"--pass-env {name!r} is not a variable name.", "Pass the name alone: --pass-env HF_HOME."
             )
+    if harness_arg and (command or harness is None):
+        usage_fail(
+            "--harness-arg adds to a --harness preset's command; with -- CMD the command is yours.",
+            "Put the argument in the command after --, or pass --harness NAME.",
+        )
     for path in ro_bind or []:
         if not path.is_absolute() or not path.exists():
             usage_fail(
@@ -259,6 +272,7 @@ def rollout(
             ray=ray_target,
             sandbox={
                 "pass_env": list(pass_env or []),
+                "harness_args": list(harness_arg or []),
                 "ro_binds": list(ro_bind or []),
                 "max_workspace_bytes": workspace_cap,
                 "limits": limits,

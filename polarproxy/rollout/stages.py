@@ -115,6 +115,9 @@ class Settings:
     verify_timeout_s: float = 600.0
     keep: bool = False  # keep each episode's folder (workspace, home, logs)
     pass_env: list[str] = field(default_factory=list)  # `--pass-env NAME`: host variables passed on purpose
+    harness_args: list[str] = field(
+        default_factory=list
+    )  # `--harness-arg ARG`: added to the preset's command
     ro_binds: list[Path] = field(default_factory=list)  # `--ro-bind PATH`: more of the host, read-only
     max_workspace_bytes: int | None = None  # the evaluate copy's cap (apparent sizes)
     limits: Limits = field(default_factory=Limits)  # processes, memory, file size, CPU time per episode
@@ -189,14 +192,25 @@ def base_env(home: Path, s: Settings) -> dict[str, str]:
 
 
 def harness_command(s: Settings, instruction: str) -> list[str]:
-    """`-- CMD` as given, or the preset's headless `command` with {instruction} as one argument."""
+    """`-- CMD` as given, or the preset's headless `command` with {instruction} as one argument and the
+    `--harness-arg`s before it (at the end when the command takes the instruction on stdin)."""
     if s.command is not None:
         return list(s.command)
     template = getattr(s.preset, "command", None)
     if not template:
         raise StageError(f"preset '{s.harness}' has no headless `command`; pass `-- CMD` instead")
     parts = shlex.split(template.replace("{model}", shlex.quote(s.model_name)))
+    at = parts.index("{instruction}") if "{instruction}" in parts else len(parts)
+    parts[at:at] = s.harness_args
     return [instruction if part == "{instruction}" else part for part in parts]
+
+
+def harness_stdin(s: Settings, instruction: str) -> bytes:
+    """What the harness reads on stdin: the instruction, unless its command already has it as an argument
+    (a preset's {instruction}: a harness that also reads stdin would get it twice)."""
+    if s.command is None and "{instruction}" in (getattr(s.preset, "command", None) or ""):
+        return b""
+    return instruction.rstrip("\n").encode() + b"\n"
 
 
 def episode_env(job: Job, s: Settings, handle: EpisodeHandle) -> dict[str, str]:
@@ -247,7 +261,7 @@ def execute(job: Job, s: Settings) -> None:
             s.runner.argv(command, spec, env),
             cwd=s.runner.cwd(spec),
             env=s.runner.env(env, spec),
-            stdin=job.task.instruction.rstrip("\n").encode() + b"\n",
+            stdin=harness_stdin(s, job.task.instruction),
             timeout_s=limit,
             cancel=job.cancel,
             log=job.dir / "harness.log",

@@ -7,7 +7,7 @@ import pytest
 
 from polarproxy.harness.presets import PresetError, builtin_presets, parse_preset
 from polarproxy.rollout.sandbox import Runner
-from polarproxy.rollout.stages import Settings, harness_command
+from polarproxy.rollout.stages import Settings, harness_command, harness_stdin
 
 
 def test_every_builtin_preset_has_a_headless_command_taking_the_instruction() -> None:
@@ -24,6 +24,21 @@ def test_instruction_becomes_one_argument_with_its_quotes_and_spaces() -> None:
     )  # type: ignore[arg-type]
     instruction = "Fix the bug; don't touch 'tests' && run $HOME"
     assert harness_command(s, instruction) == ["codex", "exec", "--skip-git-repo-check", instruction]
+    assert harness_stdin(s, instruction) == b""  # given once, as the argument, not on stdin too
+    # --harness-arg adds flags to the preset's command, before the instruction
+    s.harness_args = ["--sandbox", "workspace-write"]
+    assert harness_command(s, instruction) == [
+        "codex",
+        "exec",
+        "--skip-git-repo-check",
+        "--sandbox",
+        "workspace-write",
+        instruction,
+    ]
+    own = Settings(rollout_id="r", episodes=None, runner=Runner(), command=["agent"], preset=None)  # type: ignore[arg-type]
+    assert harness_command(own, instruction) == ["agent"] and harness_stdin(own, instruction) == (
+        instruction.encode() + b"\n"
+    )  # a -- CMD agent reads the instruction on stdin
 
 
 @pytest.mark.parametrize(

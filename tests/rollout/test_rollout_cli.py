@@ -141,6 +141,11 @@ def test_rollout_without_harness_or_command_is_a_usage_error() -> None:
     assert "Error: Give either --harness NAME or an agent command after --." in result.output
 
 
+def test_harness_arg_goes_with_a_preset_not_with_an_own_command() -> None:
+    result = _cli(str(EXAMPLE / "tasks.jsonl"), "--harness-arg=--sandbox", "--", "true")
+    assert result.exit_code == 2 and "--harness-arg adds to a --harness preset's command" in result.output
+
+
 def test_rollout_with_a_bad_tasks_file_names_the_line(tmp_path: Path) -> None:
     bad = tmp_path / "t.jsonl"
     bad.write_text('{"id": "x"}\n')
