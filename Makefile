@@ -22,7 +22,7 @@ PYTHON ?= $(shell for c in python3.14 python3.13 python3.12 \
 	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$c; break; fi; done)
 
-.PHONY: all install demo demo-rl test test-fast test-vllm bench lint clean harnesses
+.PHONY: all install demo demo-rl test test-fast test-vllm bench lint clean harnesses verl-venv
 
 all: test
 
@@ -63,6 +63,28 @@ $(AIDER_VENV)/.installed-$(AIDER_VERSION):
 
 harnesses: $(HARNESSES)/.installed $(AIDER_VENV)/.installed-$(AIDER_VERSION)
 
+# verl for the trainer conformance test (tests/export/test_trainer_formats.py: verl's own policy loss on our
+# rows): its own venv, as verl 0.9.1 needs Python < 3.13. Python 3.11 first: this image ships torch 2.13.0's
+# CPU wheel for it (/opt/wheels, pip's find-links); elsewhere pip takes PyPI's torch 2.13.0.
+VERL_VENV    := .cache/verl-venv
+VERL_VERSION := 0.9.1
+VERL_PYTHON  ?= $(shell for c in python3.11 python3.12 \
+	$$(ls -d $$HOME/.pyenv/versions/3.1[12]*/bin/python 2>/dev/null | sort -V); do \
+	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null; \
+	  then command -v $$c; break; fi; done)
+
+$(VERL_VENV)/.installed-$(VERL_VERSION):
+	@if [ -z "$(VERL_PYTHON)" ]; then \
+	  echo "Error: verl $(VERL_VERSION) needs Python 3.10-3.12 for its venv, and none was found." >&2; \
+	  echo "Install one (e.g. 'pyenv install 3.11') or point VERL_PYTHON at it: make VERL_PYTHON=/path/to/python3.11 test" >&2; exit 1; fi
+	rm -rf $(VERL_VENV)
+	$(VERL_PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install -q 'torch==2.13.0' 'verl==$(VERL_VERSION)' cachetools fastapi uvicorn
+	@touch $@
+
+verl-venv: $(VERL_VENV)/.installed-$(VERL_VERSION)
+
 demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
@@ -70,7 +92,7 @@ demo: $(DEMO_STAMP)
 demo-rl: $(DEMO_STAMP)
 	$(PY) examples/rl_loop.py
 
-test: $(STAMP) harnesses
+test: $(STAMP) harnesses verl-venv
 	$(PY) -m pytest
 
 # Unit tests only: no subprocesses, no harness CLIs.

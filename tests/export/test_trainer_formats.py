@@ -507,3 +507,46 @@ def test_the_verl_replay_and_slime_advantage_pieces_read_the_exported_files(reco
         for s, rw, a in zip(samples, raw, advantages, strict=True)
     }
     assert by_calls == {k: (r["reward"], r["advantage"]) for k, r in ref.items()}
+
+
+VERL_PYTHON = Path(os.environ.get("POLARPROXY_VERL_PYTHON", REPO / ".cache" / "verl-venv" / "bin" / "python"))
+
+
+def test_verls_own_policy_loss_on_the_replayed_rows_gives_polarproxy_trains_loss(
+    recorded, tiny_model_dir, tmp_path
+):
+    """verl 0.9.1 in its own venv (`make verl-venv`; it needs Python < 3.13): the `verl` rows of two episodes
+    of different lengths go through verl's `AgentLoopOutput` and the batch verl pads them into, and verl's
+    `compute_policy_loss_vanilla` (token-mean) on the tiny model gives `polarproxy train`'s first-step
+    loss on the same episodes' jsonl rows."""
+    if not VERL_PYTHON.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"verl's venv is missing ({VERL_PYTHON}): `make test` builds it (make verl-venv)")
+        pytest.skip(f"verl's venv is missing ({VERL_PYTHON}): make verl-venv")
+    db, episodes, _hot = recorded
+    uneven = _episodes(episodes[("uneven", 0)], episodes[("uneven", 1)])
+    adv = ("--advantages", "grpo", "--scale-rewards", "none")
+    _ok(_export(db, tmp_path / "v.parquet", "verl", *adv, *uneven))
+    _ok(_export(db, tmp_path / "rows.jsonl", "jsonl", "--strategy", "prefix-merge", *adv, *uneven))
+    train = [sys.executable, "-m", "polarproxy", "train", "--data", str(tmp_path / "rows.jsonl")]
+    train += ["--model", str(tiny_model_dir), "--out", str(tmp_path / "pp"), "--steps", "1", "--lr", "0"]
+    train += ["--device", "cpu", "--rows-per-step", "2", "--loss-agg", "token-mean"]
+    res = subprocess.run(train, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    from polarproxy.train.metrics import read_metrics
+
+    ours = read_metrics(tmp_path / "pp")[0]
+    script = Path(__file__).resolve().parent / "verl_policy_loss.py"
+    res = subprocess.run(
+        [str(VERL_PYTHON), str(script), str(tmp_path / "v.parquet"), str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    theirs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert theirs["rows"] == 2 and theirs["trainable_tokens"] == ours["trainable_tokens"]
+    assert abs(ours["loss"]) > 0.01
+    assert theirs["loss"] == pytest.approx(ours["loss"], abs=1e-5), (theirs, ours)
