@@ -144,21 +144,37 @@ async def run_child(
     loop = asyncio.get_running_loop()
     tty = _terminal_fd()
     watchdog = _Watchdog.start()
+    # The handlers are in place before the child starts: a signal that comes while it starts (it may have
+    # said it is ready before this coroutine runs again) waits for its group, then goes to it.
+    group: list[int] = []
+    early: list[int] = []
+
+    def forward(sig: int) -> None:
+        if group:
+            _signal_group(group[0], sig)
+        else:
+            early.append(sig)
+
+    installed = []
+    for sig in FORWARDED_SIGNALS:
+        with contextlib.suppress(ValueError, RuntimeError):  # not the main thread: no handlers
+            loop.add_signal_handler(sig, forward, sig)
+            installed.append(sig)
     try:
         proc = await asyncio.create_subprocess_exec(
             *command, env=dict(env), cwd=cwd, preexec_fn=_preexec(_prctl(), tty, os.getpid())
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
         watchdog.done()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
         code = 127 if isinstance(e, FileNotFoundError) else 126
         return ChildExit(code, error=f"cannot run {command[0]!r}: {e.strerror}.")
     pgid = proc.pid  # setpgid(0, 0): the group is named after the child
     watchdog.watch(pgid)
-    installed = []
-    for sig in FORWARDED_SIGNALS:
-        with contextlib.suppress(ValueError, RuntimeError):  # not the main thread: no handlers
-            loop.add_signal_handler(sig, _signal_group, pgid, sig)
-            installed.append(sig)
+    group.append(pgid)
+    for sig in early:
+        _signal_group(pgid, sig)
     timed_out = False
     try:
         try:

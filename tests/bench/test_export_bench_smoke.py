@@ -20,7 +20,9 @@ RUNS = [
         for fmt in ("jsonl", "parquet")
         for path in ("plain", "arrays", "jobs2")
     ),
+    *(("prefix-merge", fmt, "arrays") for fmt in ("slime", "verl", "trl", "nemo-rl", "openrlhf")),
 ]
+ROW_RUNS = RUNS[: 2 + 12]  # the row formats, three paths each
 
 pytestmark = pytest.mark.integration  # child processes, the tiny model's tokenizer
 
@@ -73,7 +75,19 @@ def test_small_export_bench_reports_every_figure(tmp_path: Path, tiny_model_dir:
             assert _positive(x["exported_tokens_per_s"]) and _positive(x["exported_tokens_per_cpu_s"])
             assert _positive(x["file_bytes"])
     by_run = {(x["strategy"], x["format"], x["path"]): x for x in r["exports"]}
-    for strategy, fmt, _path in RUNS[2::3]:  # the array path (in one or two jobs) writes the plain path's
+    merged = by_run["prefix-merge", "jsonl", "arrays"]["stats"]
+    for fmt in (
+        "slime",
+        "verl",
+        "trl",
+        "nemo-rl",
+        "openrlhf",
+    ):  # the same trajectories in each trainer's names
+        s = by_run["prefix-merge", fmt, "arrays"]["stats"]
+        assert {k: s[k] for k in ("rows", "calls", "trainable_tokens", "total_tokens")} == {
+            k: merged[k] for k in ("rows", "calls", "trainable_tokens", "total_tokens")
+        }, fmt
+    for strategy, fmt, _path in ROW_RUNS[2::3]:  # the array path (in one or two jobs) writes the plain path's
         plain, arrays = by_run[strategy, fmt, "plain"], by_run[strategy, fmt, "arrays"]
         jobs2 = by_run[strategy, fmt, "jobs2"]
         assert arrays["stats"] == plain["stats"] and arrays["file_bytes"] == plain["file_bytes"]
