@@ -32,6 +32,7 @@ ImportanceLevel = choice_enum("ImportanceLevel", choices.IMPORTANCE_LEVELS)
 Schedule = choice_enum("Schedule", choices.SCHEDULES)
 FusedLoss = choice_enum("FusedLoss", choices.FUSED_LOSS)
 Device = choice_enum("Device", choices.DEVICES)
+SaveDtype = choice_enum("SaveDtype", choices.SAVE_DTYPES)
 SyncKind = choice_enum("SyncKind", choices.SYNC_KINDS)
 PauseMode = choice_enum("PauseMode", choices.PAUSE_MODES)
 
@@ -56,6 +57,7 @@ SOURCES: dict[type[StrEnum], tuple[str, ...]] = {
     Schedule: choices.SCHEDULES,
     FusedLoss: choices.FUSED_LOSS,
     Device: choices.DEVICES,
+    SaveDtype: choices.SAVE_DTYPES,
     SyncKind: choices.SYNC_KINDS,
     PauseMode: choices.PAUSE_MODES,
 }

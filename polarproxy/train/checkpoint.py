@@ -93,22 +93,37 @@ def save_checkpoint(
     *,
     optimizer: Any = None,
     meta: dict[str, Any] | None = None,
+    weights_dtype: Any = None,
 ) -> Path:
-    """Write OUT/step-{step}/ (weight version str(step)) and return it; replaces an existing one."""
+    """Write OUT/step-{step}/ (weight version str(step)) and return it; replaces an existing one.
+    `weights_dtype` (a torch dtype): the model folder's weights in it (bf16: what the backend loads, half
+    the bytes); the model's own weights then also go with the optimizer state (`master_weights`), so that
+    --resume continues from them rather than from the cast."""
     import torch
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     final = out / f"step-{step}"
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".step-{step}-"))
+    cast = weights_dtype is not None and any(p.dtype != weights_dtype for p in model.parameters())
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        if cast:
+            state = {
+                k: v.to(weights_dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()
+            }
+            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            del state
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
         source = Path(source_dir)
         for p in sorted(source.iterdir()):
             if p.is_file() and not _WEIGHT_FILES.match(p.name) and not (tmp / p.name).exists():
                 shutil.copy2(p, tmp / p.name)
         if optimizer is not None:
-            torch.save({"optimizer": optimizer.state_dict(), "step": step}, tmp / TRAINER_STATE)
+            trainer_state: dict[str, Any] = {"optimizer": optimizer.state_dict(), "step": step}
+            if cast:
+                trainer_state["master_weights"] = model.state_dict()
+            torch.save(trainer_state, tmp / TRAINER_STATE)
         info = {"weight_version": str(step), "step": step, "saved_at": time.time(), **(meta or {})}
         (tmp / META).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         _readable_by_group(tmp)

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from polarproxy.choices import DEVICES, FUSED_LOSS, IMPORTANCE_LEVELS, LOSS_AGGS, SCHEDULES
+from polarproxy.choices import DEVICES, FUSED_LOSS, IMPORTANCE_LEVELS, LOSS_AGGS, SAVE_DTYPES, SCHEDULES
 
 LOSS = "Loss"  # the help panels of `polarproxy train`
 RUN = "Run"
@@ -88,6 +88,14 @@ class TrainConfig:
     save_every: int = option(
         0, "Save the optimizer state (for --resume) every N steps, and at the end (0: only at the end)."
     )
+    # what the backend loads (and `train --sync` pushes): bf16 on CUDA, half the bytes of the float32 master
+    # weights, which go with the optimizer state so that --resume continues from them exactly
+    save_dtype: str = option(
+        "auto",
+        "Weights of each checkpoint's model folder: auto = bfloat16 on CUDA, float32 on the CPU; the float32 "
+        "master weights are saved with the optimizer state.",
+        choices=SAVE_DTYPES,
+    )
     keep_last: int = option(
         2, "Checkpoints to keep in --out; the newest one with optimizer state is never deleted."
     )
@@ -110,6 +118,7 @@ class TrainConfig:
         one_of("--schedule", self.schedule, SCHEDULES)
         one_of("--fused-loss", self.fused_loss, FUSED_LOSS)
         one_of("--device", self.device, DEVICES)
+        one_of("--save-dtype", self.save_dtype, SAVE_DTYPES)
         positive = {
             "--token-budget": self.token_budget,
             "--logprob-chunk": self.logprob_chunk,

@@ -167,6 +167,8 @@ class Trainer:
         if latest:
             state = ckpt.load_trainer_state(latest[1])
             if state is not None:
+                if "master_weights" in state:  # the folder's weights are a cast (--save-dtype)
+                    model.load_state_dict(state["master_weights"])
                 self.optimizer.load_state_dict(state["optimizer"])
         self.settings = LossSettings(
             clip_low=cfg.clip_low,
@@ -288,10 +290,26 @@ class Trainer:
         meta = self.meta | (extra_meta or {})
         optimizer = self.optimizer if optimizer_state else None
         self.saved = ckpt.save_checkpoint(
-            self.model, self.start_dir, self.out, self.step, optimizer=optimizer, meta=meta
+            self.model,
+            self.start_dir,
+            self.out,
+            self.step,
+            optimizer=optimizer,
+            meta=meta,
+            weights_dtype=save_dtype(self.cfg, self.device.type),
         )
         ckpt.prune(self.out, self.cfg.keep_last)
         return self.saved
+
+
+def save_dtype(cfg: TrainConfig, device_type: str) -> Any:
+    """The torch dtype of a checkpoint's model weights (`--save-dtype`; auto: bfloat16 on CUDA)."""
+    import torch
+
+    choice = (
+        cfg.save_dtype if cfg.save_dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+    )
+    return torch.bfloat16 if choice == "bfloat16" else torch.float32
 
 
 def train(

@@ -15,9 +15,10 @@ The terms, in bytes, with P the parameters (exact: counted on the meta model, ti
 - peak: weights + gradients + AdamW state + reference + the larger of the activations and the optimizer's
   temporary.
 
-On disk, each checkpoint holds the fp32 weights (4P: `--resume` continues from exact master weights, and
-the backend loads them from that folder) and, where it saves it, the optimizer state (8P); a sync makes
-the backend read that folder.
+On disk, each checkpoint holds the weights the backend loads from that folder (`--save-dtype`: bf16 on
+CUDA, 2P; fp32 on the CPU, 4P) and, where it saves it, the optimizer state (8P) with, when the folder's
+weights are bf16, the fp32 master weights (4P) that `--resume` continues from; a sync makes the backend
+read that folder.
 
 An estimate of activations (kernels keep their own workspaces, allocators fragment): `bench/train_gpu.py`
 compares it with the peak torch measures on a GPU.
@@ -84,7 +85,9 @@ def memory_plan(
     }
     held = terms["weights"] + terms["gradients"] + terms["optimizer_state"] + terms["reference_model"]
     peak = held + max(terms["activations"] + terms["autocast_weight_copies"], terms["optimizer_temporary"])
-    weights_on_disk = 4 * p
+    dtype = cfg.save_dtype if cfg.save_dtype != "auto" else ("bfloat16" if cuda else "float32")
+    weights_on_disk = (2 if dtype == "bfloat16" else 4) * p
+    master_on_disk = 4 * p if dtype == "bfloat16" else 0
     return {
         "device": device,
         "params": p,
@@ -97,6 +100,6 @@ def memory_plan(
         "gpu_memory_gib": gpu_memory_gib,
         "fits": peak / GIB <= gpu_memory_gib,
         "checkpoint_gib": round(weights_on_disk / GIB, 2),
-        "checkpoint_with_optimizer_gib": round((weights_on_disk + 8 * p) / GIB, 2),
+        "checkpoint_with_optimizer_gib": round((weights_on_disk + 8 * p + master_on_disk) / GIB, 2),
         "sync_gib": round(weights_on_disk / GIB, 2),
     }

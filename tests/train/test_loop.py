@@ -140,3 +140,32 @@ def test_keep_last_prunes_old_checkpoints_and_resume_takes_the_newest_with_optim
     assert all(f.stat().st_mode & stat.S_IRGRP for f in (out / "step-4").iterdir())
     result = train(scored_rows, random_model_dir, out, TrainConfig(steps=1, resume=True, keep_last=2, **CFG))
     assert result.step == 2 and (out / "step-2" / TRAINER_STATE).is_file()  # continued from step-1
+
+
+def test_bf16_checkpoints_keep_the_fp32_master_weights_that_resume_continues_from(
+    tmp_path: Path, random_model_dir: Path, scored_rows
+) -> None:
+    """--save-dtype bfloat16 (the default on CUDA): the model folder the backend loads holds bf16 weights
+    (half the bytes), the fp32 master weights go with the optimizer state, and --resume continues from
+    them, not from the bf16 cast (with --lr 0 the next step's master weights are step 1's exactly)."""
+    out = tmp_path / "run"
+    train(scored_rows, random_model_dir, out, TrainConfig(steps=1, save_dtype="bfloat16", **CFG))
+    folder = _weights(out / "step-1")
+    assert {t.dtype for t in folder.values() if t.is_floating_point()} == {torch.bfloat16}
+    master = torch.load(out / "step-1" / TRAINER_STATE, weights_only=False)["master_weights"]
+    assert {t.dtype for t in master.values() if t.is_floating_point()} == {torch.float32}
+    moved = [
+        k
+        for k, v in master.items()
+        if v.is_floating_point() and not torch.equal(v, v.to(torch.bfloat16).float())
+    ]
+    assert moved  # the fp32 weights are not all representable in bf16: resuming from the cast would lose them
+    cfg = {**CFG, "lr": 0.0}
+    train(scored_rows, random_model_dir, out, TrainConfig(steps=1, resume=True, save_dtype="bfloat16", **cfg))
+    resumed = torch.load(out / "step-2" / TRAINER_STATE, weights_only=False)["master_weights"]
+    assert all(torch.equal(resumed[k], master[k]) for k in master)
+    train(scored_rows, random_model_dir, tmp_path / "fp32", TrainConfig(steps=1, **CFG))  # the CPU default
+    assert "master_weights" not in torch.load(
+        tmp_path / "fp32" / "step-1" / TRAINER_STATE, weights_only=False
+    )
+    assert {t.dtype for t in _weights(tmp_path / "fp32" / "step-1").values()} == {torch.float32}
