@@ -27,7 +27,7 @@ from polarproxy.commands.support import DbOpt, ModelOpt, fail, need, print_json,
 
 
 def rollout(
-    tasks: Annotated[Path, typer.Argument(help="The TASKS file (JSONL; schemas/rollout-task.v1.json).")],
+    tasks: Annotated[Path, typer.Argument(help="The TASKS file (JSONL; schemas/rollout-task.v2.json).")],
     command: Annotated[
         list[str] | None,
         typer.Argument(

@@ -305,12 +305,18 @@ def evaluate(job: Job, s: Settings) -> None:
         job.reward, job.reward_note, job.evaluated = 0.0, result.note, True
         end_episode(job, s, result)
         return
-    if job.task.tests is not None:
-        if (fresh / "tests").is_symlink() or (fresh / "tests").is_file():
-            (fresh / "tests").unlink()
-        elif (fresh / "tests").exists():
-            shutil.rmtree(fresh / "tests")
-        shutil.copytree(job.task.tests, fresh / "tests", symlinks=True)
+    if job.task.tests is not None:  # placed after the copy: what the agent left there is replaced
+        target = fresh / job.task.tests_dir
+        for parent in reversed(target.relative_to(fresh).parents[:-1]):
+            folder = fresh / parent
+            if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+                folder.unlink()  # a link the agent left would lead the tests out of the copy
+            folder.mkdir(exist_ok=True)
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(job.task.tests, target, symlinks=True)
     (home / "tmp").mkdir(parents=True)
     uid = episode_uid()  # a user of its own: nothing the agent left running shares it
     give_to(fresh, uid)

@@ -1,9 +1,11 @@
-"""The TASKS file of `polarproxy rollout`: JSON Lines, one task per line (schemas/rollout-task.v1.json).
+"""The TASKS file of `polarproxy rollout`: JSON Lines, one task per line (schemas/rollout-task.v2.json).
 
 Each line: `id` (unique), `instruction` (the harness's prompt), `workspace` (a folder, relative to the
 file), `verify` (a shell command run in a fresh copy of the workspace with the agent's changes and the
-hidden `tests` folder present as `tests/`); optional `setup` (shell commands run in the workspace copy
-before the harness), `tests` (a folder, relative to the file, hidden from the harness), `timeout_s` (the
+hidden `tests` folder present at `tests_dir`); optional `setup` (shell commands run in the workspace copy
+before the harness), `tests` (a folder, relative to the file, hidden from the harness), `tests_dir` (where
+the hidden tests go in the grading copy, relative to the workspace: default `tests`, the only place in v1;
+a repository with its own `tests/` puts them elsewhere, so they do not replace its own), `timeout_s` (the
 harness's time limit) and `metadata` (strings, stored with each episode). Blank lines and lines starting
 with `#` are skipped.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import orjson
@@ -21,7 +23,8 @@ import orjson
 from polarproxy.errors import UsageError
 
 REQUIRED = ("id", "instruction", "workspace", "verify")
-OPTIONAL = ("setup", "tests", "timeout_s", "metadata")
+OPTIONAL = ("setup", "tests", "tests_dir", "timeout_s", "metadata")
+DEFAULT_TESTS_DIR = "tests"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
@@ -36,7 +39,8 @@ class Task:
     workspace: Path  # absolute
     verify: str
     setup: tuple[str, ...] = ()
-    tests: Path | None = None  # absolute; copied in as tests/ for `verify` only
+    tests: Path | None = None  # absolute; copied in at `tests_dir` for `verify` only
+    tests_dir: str = DEFAULT_TESTS_DIR  # relative to the workspace copy, no `..`
     timeout_s: float | None = None
     metadata: dict[str, str] = field(default_factory=dict)
 
@@ -46,7 +50,7 @@ def parse_task(data: Any, *, base: Path, where: str) -> Task:
 
     def bad(what: str) -> TaskError:
         return TaskError(
-            f"{where}: {what}", hint="Fix the line (schemas/rollout-task.v1.json, docs/rollout.md)."
+            f"{where}: {what}", hint="Fix the line (schemas/rollout-task.v2.json, docs/rollout.md)."
         )
 
     if not isinstance(data, dict):
@@ -78,6 +82,15 @@ def parse_task(data: Any, *, base: Path, where: str) -> Task:
             raise bad(f"tests {data['tests']!r} is not a folder ({tests})")
         if tests == workspace or workspace in tests.parents:
             raise bad(f"tests {data['tests']!r} lies inside the workspace; the harness would see it")
+    tests_dir = data.get("tests_dir", DEFAULT_TESTS_DIR)
+    parts = PurePosixPath(tests_dir).parts if isinstance(tests_dir, str) else ()
+    if not parts or PurePosixPath(tests_dir).is_absolute() or ".." in parts or parts == (".",):
+        raise bad(
+            f"tests_dir {tests_dir!r} must be a folder path inside the workspace (relative, without '..'), "
+            'e.g. "hidden_tests"'
+        )
+    if "tests_dir" in data and tests is None:
+        raise bad("field 'tests_dir' says where the hidden 'tests' go; give 'tests' too, or drop it")
     timeout = data.get("timeout_s")
     if timeout is not None and (
         isinstance(timeout, bool)
@@ -98,6 +111,7 @@ def parse_task(data: Any, *, base: Path, where: str) -> Task:
         verify=data["verify"],
         setup=tuple(setup),
         tests=tests,
+        tests_dir=str(PurePosixPath(tests_dir)),
         timeout_s=float(timeout) if timeout is not None else None,
         metadata={str(k): str(v) for k, v in metadata.items()},
     )

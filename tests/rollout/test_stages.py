@@ -100,6 +100,24 @@ def test_harness_sees_instruction_on_stdin_and_env_and_verify_sees_hidden_tests(
     assert episodes.finished["ep-t-0"] == 0 and episodes.rewards["ep-t-0"][0].note == "exit code 0"
 
 
+def test_hidden_tests_go_to_tests_dir_and_the_repositorys_own_tests_stay(tmp_path: Path) -> None:
+    """A workspace with its own tests/ (a real repository's): with `tests_dir` the hidden tests land in a
+    folder of their own in the grading copy, and the repository's tests/ is there as the agent left it."""
+    path = _tasks(
+        tmp_path,
+        verify="cmp answer .grading/hidden/expected && test -f tests/own.py && test ! -e tests/hidden",
+        tests_dir=".grading/hidden",
+    )
+    (tmp_path / "ws" / "tests").mkdir()
+    (tmp_path / "ws" / "tests" / "own.py").write_text("def test_own(): pass\n")
+    tasks = load_tasks(path)
+    assert tasks[0].tests_dir == ".grading/hidden"
+    # the agent plants a link where the hidden tests go: it is replaced, not followed
+    cmd = "echo solved > answer && ln -s tests .grading"
+    jobs = Rollout(Plan(tasks, 1, 1), _settings(MemoryEpisodes(), cmd)).run()
+    assert [j.reward for j in jobs] == [1.0], [j.reward_note for j in jobs]
+
+
 def test_harness_past_its_timeout_is_killed_and_still_evaluated(tmp_path: Path) -> None:
     tasks = load_tasks(_tasks(tmp_path, verify="test -f answer", timeout_s=0.5))
     episodes = MemoryEpisodes()

@@ -12,7 +12,7 @@ from rollout_support import EXAMPLE, REPO
 
 from polarproxy.rollout.tasks import TaskError, load_tasks
 
-SCHEMA = json.loads((REPO / "schemas" / "rollout-task.v1.json").read_text())
+SCHEMA = json.loads((REPO / "schemas" / "rollout-task.v2.json").read_text())
 
 
 def test_example_tasks_load_with_paths_resolved_against_the_file() -> None:
@@ -49,6 +49,9 @@ GOOD = {"id": "a", "instruction": "do it", "workspace": "ws", "verify": "true"}
         ({**GOOD, "id": "a b"}, "id 'a b' must be"),
         ({**GOOD, "setup": [1]}, "field 'setup' must be"),
         ("{not json", "not JSON"),
+        ({**GOOD, "tests_dir": "../out"}, "tests_dir '../out' must be a folder path inside the workspace"),
+        ({**GOOD, "tests_dir": "/abs"}, "tests_dir '/abs' must be a folder path inside the workspace"),
+        ({**GOOD, "tests_dir": "hidden"}, "give 'tests' too"),
     ],
 )
 def test_bad_task_line_is_named_with_its_line_and_field(tmp_path: Path, line: object, message: str) -> None:
