@@ -35,6 +35,8 @@ RewardFrom = Literal["exit", "stdout"]  # how a verifier command gives its rewar
 REWARD_FROM: tuple[RewardFrom, ...] = get_args(RewardFrom)
 Isolation = Literal["none", "bwrap", "docker", "apptainer"]  # what each rollout episode runs in
 ISOLATIONS: tuple[Isolation, ...] = get_args(Isolation)
+GradeFrom = Literal["workspace", "patch"]  # what a rollout task's verifier grades (rollout/agent_changes.py)
+GRADE_FROM: tuple[GradeFrom, ...] = get_args(GradeFrom)
 
 # --- reconstruction and export --------------------------------------------------------------------------
 Strategy = Literal["per-request", "prefix-merge"]

@@ -29,6 +29,7 @@ from typing import Any
 from polarproxy.client import EpisodeHandle
 from polarproxy.harness.env import harness_env
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
+from polarproxy.rollout.agent_changes import apply_agent_changes
 from polarproxy.rollout.copying import WorkspaceTooLarge, copy_workspace
 from polarproxy.rollout.episodes import Episodes, LocalGateway
 from polarproxy.rollout.host_relay import HostRelay
@@ -298,8 +299,19 @@ def evaluate(job: Job, s: Settings) -> None:
     for path in (fresh, home):
         if path.exists():
             shutil.rmtree(path)
+    changes = None
     try:
-        copied = copy_workspace(job.workspace, fresh, max_bytes=s.max_workspace_bytes)
+        if (
+            job.task.grade_from == "patch"
+        ):  # a clean copy of the task's workspace, the agent's changes applied
+            agent_copy = job.dir / "evaluate-agent"
+            shutil.rmtree(agent_copy, ignore_errors=True)
+            copied = copy_workspace(job.workspace, agent_copy, max_bytes=s.max_workspace_bytes)
+            copy_workspace(job.task.workspace, fresh, max_bytes=None)  # the baseline: the task's, trusted
+            changes = apply_agent_changes(job.task.workspace, agent_copy, fresh)
+            shutil.rmtree(agent_copy, ignore_errors=True)
+        else:
+            copied = copy_workspace(job.workspace, fresh, max_bytes=s.max_workspace_bytes)
     except (WorkspaceTooLarge, OSError) as e:  # the agent's doing: reward 0, in its group
         result = VerifierResult(reward=0.0, note=f"workspace not graded: {e}; reward 0.0")
         job.reward, job.reward_note, job.evaluated = 0.0, result.note, True
@@ -342,6 +354,8 @@ def evaluate(job: Job, s: Settings) -> None:
     if copied.skipped:
         skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(copied.skipped.items()))
         result.note = f"{result.note}; not copied for grading: {skipped}"
+    if changes is not None:
+        result.note = f"{result.note}; {changes.note()}"
     if job.limit_hit:  # the agent's doing: graded as it left things, and said
         result.note = f"{result.note}; the harness ran over {job.limit_hit}"
     job.reward, job.reward_note = result.reward, result.note

@@ -5,7 +5,9 @@ file), `verify` (a shell command run in a fresh copy of the workspace with the a
 hidden `tests` folder present at `tests_dir`); optional `setup` (shell commands run in the workspace copy
 before the harness), `tests` (a folder, relative to the file, hidden from the harness), `tests_dir` (where
 the hidden tests go in the grading copy, relative to the workspace: default `tests`, the only place in v1;
-a repository with its own `tests/` puts them elsewhere, so they do not replace its own), `timeout_s` (the
+a repository with its own `tests/` puts them elsewhere, so they do not replace its own), `grade_from`
+(`workspace`: the folder as the agent left it; `patch`: a clean copy of the task's workspace with the
+agent's changes applied, rollout/agent_changes.py), `timeout_s` (the
 harness's time limit) and `metadata` (strings, stored with each episode). Blank lines and lines starting
 with `#` are skipped.
 """
@@ -20,10 +22,11 @@ from typing import Any
 
 import orjson
 
+from polarproxy.choices import GRADE_FROM
 from polarproxy.errors import UsageError
 
 REQUIRED = ("id", "instruction", "workspace", "verify")
-OPTIONAL = ("setup", "tests", "tests_dir", "timeout_s", "metadata")
+OPTIONAL = ("setup", "tests", "tests_dir", "grade_from", "timeout_s", "metadata")
 DEFAULT_TESTS_DIR = "tests"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -41,6 +44,7 @@ class Task:
     setup: tuple[str, ...] = ()
     tests: Path | None = None  # absolute; copied in at `tests_dir` for `verify` only
     tests_dir: str = DEFAULT_TESTS_DIR  # relative to the workspace copy, no `..`
+    grade_from: str = "workspace"  # or "patch": a clean copy with the agent's changes (agent_changes.py)
     timeout_s: float | None = None
     metadata: dict[str, str] = field(default_factory=dict)
 
@@ -91,6 +95,9 @@ def parse_task(data: Any, *, base: Path, where: str) -> Task:
         )
     if "tests_dir" in data and tests is None:
         raise bad("field 'tests_dir' says where the hidden 'tests' go; give 'tests' too, or drop it")
+    grade_from = data.get("grade_from", "workspace")
+    if grade_from not in GRADE_FROM:
+        raise bad(f"grade_from {grade_from!r} must be one of {', '.join(map(repr, GRADE_FROM))}")
     timeout = data.get("timeout_s")
     if timeout is not None and (
         isinstance(timeout, bool)
@@ -112,6 +119,7 @@ def parse_task(data: Any, *, base: Path, where: str) -> Task:
         setup=tuple(setup),
         tests=tests,
         tests_dir=str(PurePosixPath(tests_dir)),
+        grade_from=grade_from,
         timeout_s=float(timeout) if timeout is not None else None,
         metadata={str(k): str(v) for k, v in metadata.items()},
     )

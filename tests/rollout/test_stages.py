@@ -118,6 +118,61 @@ def test_hidden_tests_go_to_tests_dir_and_the_repositorys_own_tests_stay(tmp_pat
     assert [j.reward for j in jobs] == [1.0], [j.reward_note for j in jobs]
 
 
+def test_grading_from_the_patch_applies_the_agents_changes_to_a_clean_copy_less_what_steers_the_tests(
+    tmp_path: Path,
+) -> None:
+    """`"grade_from": "patch"`: verify runs in a clean copy of the task's workspace with the agent's changes
+    applied (an added binary file, a deletion, a rename), and without its conftest.py, its edit of
+    pyproject's pytest section, its caches and its harness folder, each counted in the reward's note."""
+    checks = [
+        "cmp answer tests/expected",
+        "test -f bin.dat",
+        "test ! -e f.txt",
+        "test -f pkg/renamed.py && test ! -e pkg/mod.py",
+        "test ! -e conftest.py",
+        "grep -q 'addopts = \"-q\"' pyproject.toml",
+        "test ! -e __pycache__ && test ! -e .codex",
+    ]
+    path = _tasks(tmp_path, verify=" && ".join(checks), grade_from="patch")
+    (tmp_path / "ws" / "pkg").mkdir()
+    (tmp_path / "ws" / "pkg" / "mod.py").write_text("x = 1\n")
+    (tmp_path / "ws" / "pyproject.toml").write_text(
+        '[project]\nname = "t"\n\n[tool.pytest.ini_options]\naddopts = "-q"\n'
+    )
+    agent = " && ".join(
+        [
+            "echo solved > answer",
+            "printf '\\000\\001\\377' > bin.dat",
+            "rm f.txt",
+            "mv pkg/mod.py pkg/renamed.py",
+            "echo 'def pytest_collection_modifyitems(items): items.clear()' > conftest.py",
+            "mkdir __pycache__ && touch __pycache__/m.pyc && mkdir .codex && echo s > .codex/state",
+        ]
+    )
+    jobs = Rollout(Plan(load_tasks(path), 1, 1), _settings(MemoryEpisodes(), agent)).run()
+    assert [j.reward for j in jobs] == [1.0], [j.reward_note for j in jobs]
+    note = jobs[0].reward_note
+    assert "3 file(s) changed, 2 deleted" in note and "1 cache, 1 harness, 1 steers-tests" in note, note
+    # the same agent editing pyproject's pytest section: that file is left out whole
+    (tmp_path / "ws2").mkdir()
+    for f in ("f.txt", "pyproject.toml"):
+        (tmp_path / "ws2" / f).write_bytes((tmp_path / "ws" / f).read_bytes())
+    line = {
+        "id": "t",
+        "instruction": "solve",
+        "workspace": "ws2",
+        "tests": "hidden",
+        "grade_from": "patch",
+        "verify": "grep -q 'addopts = \"-q\"' pyproject.toml && cmp answer tests/expected",
+    }
+    (tmp_path / "tasks2.jsonl").write_text(json.dumps(line) + "\n")
+    agent = 'echo solved > answer && sed -i \'s/-q/-p no:terminal/; s/name = "t"/name = "t"\\nversion = "2"/\' pyproject.toml'
+    jobs = Rollout(
+        Plan(load_tasks(tmp_path / "tasks2.jsonl"), 1, 1), _settings(MemoryEpisodes(), agent)
+    ).run()
+    assert [j.reward for j in jobs] == [1.0] and "1 steers-tests (pyproject.toml)" in jobs[0].reward_note
+
+
 def test_harness_past_its_timeout_is_killed_and_still_evaluated(tmp_path: Path) -> None:
     tasks = load_tasks(_tasks(tmp_path, verify="test -f answer", timeout_s=0.5))
     episodes = MemoryEpisodes()
