@@ -31,6 +31,7 @@ COMMANDS = (
     ("train", "polarproxy.commands.train", "train_command"),
     ("sync", "polarproxy.commands.sync", "sync_command"),
     ("rollout", "polarproxy.commands.rollout", "rollout"),
+    ("tasks", "polarproxy.commands.tasks", "tasks_app"),
     ("db", "polarproxy.commands.db", "db_app"),
     ("rm", "polarproxy.commands.delete", "rm"),
     ("prune", "polarproxy.commands.delete", "prune"),

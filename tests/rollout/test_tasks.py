@@ -77,3 +77,25 @@ def test_duplicate_task_ids_are_refused(tmp_path: Path) -> None:
 def test_empty_tasks_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TaskError, match="holds no task"):
         load_tasks(_write(tmp_path, ""))
+
+
+def test_tasks_check_prints_what_each_task_will_run_and_names_a_bad_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from polarproxy.cli import make_app
+
+    app = make_app("tasks")
+    ok = CliRunner().invoke(
+        app, ["tasks", "check", str(REPO / "examples" / "rollout" / "tasks.jsonl"), "--json"]
+    )
+    assert ok.exit_code == 0, ok.output
+    plans = json.loads(ok.stdout)["tasks"]
+    assert [p["id"] for p in plans] == ["greet", "shout"]
+    assert plans[0]["verify"] == "python3 tests/check_greeting.py" and plans[0]["tests_dir"] == "tests"
+    assert plans[0]["grade_from"] == "workspace"
+    path = _write(tmp_path, {**GOOD, "grade_from": "git"})
+    bad = CliRunner().invoke(app, ["tasks", "check", str(path)])
+    assert (
+        bad.exit_code == 1 and f"{path}:1: grade_from 'git' must be one of 'workspace', 'patch'" in bad.output
+    )
+    assert "Traceback" not in bad.output
