@@ -27,7 +27,13 @@ from polarproxy.commands.support import DbOpt, ModelOpt, fail, need, print_json,
 
 
 def rollout(
-    tasks: Annotated[Path, typer.Argument(help="The TASKS file (JSONL; schemas/rollout-task.v2.json).")],
+    tasks: Annotated[
+        Path,
+        typer.Argument(
+            help="The TASKS file (JSONL; schemas/rollout-task.v2.json), or SWE-bench instances (JSONL or "
+            "Parquet) with --repos."
+        ),
+    ],
     command: Annotated[
         list[str] | None,
         typer.Argument(
@@ -83,6 +89,13 @@ def rollout(
             "--pass-env",
             help="Pass this host environment variable to the harness, setup and verify commands (repeatable; "
             "only PATH, locale and terminal variables pass otherwise).",
+        ),
+    ] = None,
+    repos: Annotated[
+        Path | None,
+        typer.Option(
+            "--repos",
+            help="A SWE-bench source's repositories: a folder of clones named owner__name (docs/rollout.md).",
         ),
     ] = None,
     harness_arg: Annotated[
@@ -149,7 +162,7 @@ def rollout(
 ) -> None:
     """Run every task of TASKS G times through the gateway: prewarm, execute (sandboxed), evaluate, reconstruct."""
     from polarproxy.errors import PolarproxyError
-    from polarproxy.rollout.tasks import load_tasks
+    from polarproxy.rollout.sources import load_source
 
     if (command is None) == (harness is None):
         usage_fail(
@@ -224,7 +237,7 @@ def rollout(
                 f"--ro-bind {path} is not an existing absolute path.", "Pass one, e.g. --ro-bind /opt/node."
             )
     try:
-        task_list = load_tasks(tasks)
+        task_list = load_source(tasks, repos=repos)
         preset = _preset(harness)
         chosen_api = preset.choose_api(api) if preset is not None else None
         from polarproxy.rollout.sandbox import get_runner

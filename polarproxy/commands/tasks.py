@@ -31,15 +31,22 @@ def task_plan(task: Any) -> dict[str, Any]:
 
 @tasks_app.command("check")
 def check(
-    source: Annotated[Path, typer.Argument(help="The TASKS file (JSONL; schemas/rollout-task.v2.json).")],
+    source: Annotated[
+        Path,
+        typer.Argument(help="A TASKS file (JSONL), or SWE-bench instances (JSONL or Parquet) with --repos."),
+    ],
+    repos: Annotated[
+        Path | None,
+        typer.Option("--repos", help="A SWE-bench source's repositories: clones named owner__name."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Validate a task source and print what each task will run (nothing is run)."""
     from polarproxy.errors import PolarproxyError
-    from polarproxy.rollout.tasks import load_tasks
+    from polarproxy.rollout.sources import load_source
 
     try:
-        tasks = load_tasks(source)
+        tasks = load_source(source, repos=repos)
     except PolarproxyError as e:
         fail(e.message, e.hint)
     plans = [task_plan(t) for t in tasks]

@@ -1,0 +1,97 @@
+"""Grade one SWE-bench instance the way SWE-bench grades it, in the grading copy (stdlib only: rollout's
+verifier runs it in its sandbox, from the task's hidden folder, next to `instance.json` and `test.patch`).
+
+    python3 .polarproxy_grading/grade.py
+
+The copy is the task's workspace (a repository of one commit, at `base_commit`) with the agent's changes
+applied (`grade_from: patch`). As SWE-bench's evaluation script does: the files the test patch touches are
+reset to `base_commit` (a new one is removed), the test patch is applied, the tests it touches run under
+pytest with `-rA`, and each test's status is read from pytest's short summary lines. Resolved when every
+FAIL_TO_PASS and every PASS_TO_PASS test passes (PASSED or XFAIL). The last line printed is JSON:
+`{"resolved", "parser", "tests": {id: status}}`; the exit code is 0 when resolved, 1 when not, 2 when the
+test patch does not apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PASSING = ("PASSED", "XFAIL")
+SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)")
+DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+
+
+def touched_files(patch: str) -> list[str]:
+    """The paths a unified git diff touches (both sides of a rename), in order."""
+    seen: list[str] = []
+    for a, b in DIFF_FILE.findall(patch):
+        for path in (a, b):
+            if path not in seen:
+                seen.append(path)
+    return seen
+
+
+def parse_pytest_summary(output: str) -> dict[str, str]:
+    """test ID -> status, from pytest's `-rA` short summary lines."""
+    status: dict[str, str] = {}
+    for line in output.splitlines():
+        m = SUMMARY.match(line.strip())
+        if m:
+            status[m.group(2)] = m.group(1)
+    return status
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    # the copy's .git is the task's own (the agent's changes to .git are never applied), owned by the
+    # verifier's user or not: safe.directory lets git read it either way
+    return subprocess.run(
+        ["git", "-c", "safe.directory=*", *args], capture_output=True, text=True, check=False
+    )
+
+
+def main() -> int:
+    with open(os.path.join(HERE, "instance.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    patch_path = os.path.join(HERE, "test.patch")
+    with open(patch_path, encoding="utf-8") as f:
+        patch = f.read()
+    touched = touched_files(patch)
+    head = _git("rev-parse", "--verify", "HEAD")
+    if head.returncode != 0:
+        print(f"the grading copy is not the task's repository: {head.stderr.strip()}")
+        print(json.dumps({"resolved": False, "parser": None, "tests": {}}))
+        return 2
+    for path in touched:  # back to base_commit: what the agent did to the tests does not count
+        if _git("cat-file", "-e", f"HEAD:{path}").returncode == 0:
+            _git("checkout", "HEAD", "--", path)
+        elif os.path.lexists(path):
+            os.remove(path)
+    applied = _git("apply", "--binary", patch_path)
+    if applied.returncode != 0:
+        print(f"the test patch does not apply: {applied.stderr.strip()}")
+        print(json.dumps({"resolved": False, "parser": None, "tests": {}}))
+        return 2
+    test_files = [p for p in touched if p.endswith(".py") and os.path.exists(p)]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", *test_files],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    output = run.stdout + run.stderr
+    print(output[-4000:])
+    status = parse_pytest_summary(output)
+    wanted = list(spec["FAIL_TO_PASS"]) + list(spec["PASS_TO_PASS"])
+    tests = {t: status.get(t, "MISSING") for t in wanted}
+    resolved = bool(wanted) and all(s in PASSING for s in tests.values())
+    print(json.dumps({"resolved": resolved, "parser": "pytest -rA", "tests": tests}))
+    return 0 if resolved else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
