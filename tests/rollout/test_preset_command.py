@@ -15,7 +15,10 @@ def test_every_builtin_preset_has_a_headless_command_taking_the_instruction() ->
     assert {"codex", "claude", "qwen", "gemini", "opencode", "pi", "aider"} <= set(presets)
     for name, preset in presets.items():
         assert preset.command and "{instruction}" in preset.command, name
-    assert presets["codex"].command == "codex exec --skip-git-repo-check {instruction}"
+    # Codex's own sandbox is read-only by default: under rollout it must be able to edit the workspace
+    assert (
+        presets["codex"].command == "codex exec --skip-git-repo-check --sandbox workspace-write {instruction}"
+    )
 
 
 def test_instruction_becomes_one_argument_with_its_quotes_and_spaces() -> None:
@@ -23,16 +26,25 @@ def test_instruction_becomes_one_argument_with_its_quotes_and_spaces() -> None:
         rollout_id="r", episodes=None, runner=Runner(), command=None, preset=builtin_presets()["codex"]
     )  # type: ignore[arg-type]
     instruction = "Fix the bug; don't touch 'tests' && run $HOME"
-    assert harness_command(s, instruction) == ["codex", "exec", "--skip-git-repo-check", instruction]
-    assert harness_stdin(s, instruction) == b""  # given once, as the argument, not on stdin too
-    # --harness-arg adds flags to the preset's command, before the instruction
-    s.harness_args = ["--sandbox", "workspace-write"]
     assert harness_command(s, instruction) == [
         "codex",
         "exec",
         "--skip-git-repo-check",
         "--sandbox",
         "workspace-write",
+        instruction,
+    ]
+    assert harness_stdin(s, instruction) == b""  # given once, as the argument, not on stdin too
+    # --harness-arg adds flags to the preset's command, before the instruction
+    s.harness_args = ["--color", "never"]
+    assert harness_command(s, instruction) == [
+        "codex",
+        "exec",
+        "--skip-git-repo-check",
+        "--sandbox",
+        "workspace-write",
+        "--color",
+        "never",
         instruction,
     ]
     own = Settings(rollout_id="r", episodes=None, runner=Runner(), command=["agent"], preset=None)  # type: ignore[arg-type]

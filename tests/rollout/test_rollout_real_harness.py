@@ -84,3 +84,47 @@ def test_rollout_runs_the_real_qwen_code_cli_per_episode_and_scores_its_work(
             assert "answer.txt" in json.dumps(main[1].conversation)  # the tool's run reached the next call
     finally:
         store.close()
+
+
+CODEX_SCRIPT = {
+    "steps": [
+        {
+            "reasoning": "I will write the greeting.",
+            "tool_calls": [
+                {"name": "exec_command", "arguments": {"cmd": "echo 'Hello there.' > answer.txt"}}
+            ],
+        }
+    ],
+    "final": "Done: answer.txt holds the greeting.",
+    "side_answer": "Greeting",
+}
+
+
+@pytest.mark.skipif(
+    not (BIN / "codex").exists() and not os.environ.get("CI"), reason="Codex CLI not installed"
+)
+def test_rollout_runs_the_real_codex_cli_whose_own_sandbox_edits_the_workspace_inside_ours(
+    make_backend, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The Codex preset as shipped, under rollout's bwrap (as root in CI): Codex runs its shell tool in its
+    own sandbox, nested in ours, in workspace-write mode, so its edit lands and the verifier scores it (as
+    shipped before, its read-only sandbox failed every edit and each episode ended with reward 0)."""
+    import subprocess
+
+    bwrap_or_skip()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(CODEX_SCRIPT))
+    url = make_backend(tiny_model_dir, "--script", str(script)).url
+    argv = rollout_argv(
+        str(EXAMPLE / "tasks.jsonl"),
+        *("--harness", "codex", "--samples", "1", "--concurrency", "2"),
+        *("--backend", url, "--model", str(tiny_model_dir), "--db", str(tmp_path / "r.db")),
+        *("--isolation", "bwrap", "--json"),
+    )
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "NO_COLOR": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["states"] == {"done": 2}, summary
+    assert summary["tasks"]["greet"]["rewards"] == [1.0], summary["episodes"]  # Codex's edit landed
+    assert summary["tasks"]["shout"]["rewards"] == [0.0]
