@@ -37,6 +37,22 @@ class Limits:
     max_file_size: int | None = DEFAULT_MAX_FILE_SIZE  # bytes, per file
     max_cpu_seconds: int | None = None  # per process
 
+    def engine_flags(self, engine: str) -> list[str]:
+        """The same limits as a container engine's own flags (the engine's cgroup holds the container, not
+        rollout's): Docker's `--pids-limit`, `--memory`, `--ulimit fsize/cpu`; Apptainer's `--pids-limit`
+        and `--memory` (its cgroups support; no rlimit flags)."""
+        args = []
+        if self.max_procs:
+            args += ["--pids-limit", str(self.max_procs)]
+        if self.max_memory:
+            args += ["--memory", str(self.max_memory)]
+        if engine == "docker":
+            if self.max_file_size:
+                args += ["--ulimit", f"fsize={self.max_file_size}:{self.max_file_size}"]
+            if self.max_cpu_seconds:
+                args += ["--ulimit", f"cpu={self.max_cpu_seconds}:{self.max_cpu_seconds}"]
+        return args
+
     def prlimit(self) -> list[str]:
         """`prlimit --nproc=N:N ... --`: the rlimits, set before the sandbox drops to the episode's user."""
         args = []

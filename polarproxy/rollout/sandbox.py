@@ -340,6 +340,7 @@ class DockerRunner(Runner):
             )
         args = [self.binary, "run", "--rm", "-i", "--init", "--network", "none"]
         args += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        args += spec.limits.engine_flags("docker") if spec.limits else []
         user = spec.uid if spec.uid is not None else os.getuid()
         args += ["--user", f"{user}:{spec.uid if spec.uid is not None else os.getgid()}"]
         args += ["--workdir", C_WORKSPACE]
@@ -383,7 +384,8 @@ class ApptainerRunner(Runner):
                 "--isolation apptainer needs an image.", hint="Pass --image IMAGE.sif (with python3 in it)."
             )
         args = [self.binary, "exec", "--containall", "--cleanenv", "--net", "--network", "none"]
-        args += ["--no-privs", "--home", f"{spec.home}:{C_HOME}", "--pwd", C_WORKSPACE]
+        args += ["--no-privs", *(spec.limits.engine_flags("apptainer") if spec.limits else [])]
+        args += ["--home", f"{spec.home}:{C_HOME}", "--pwd", C_WORKSPACE]
         args += ["--bind", f"{spec.workspace}:{C_WORKSPACE}"]
         if spec.socket_dir is None:
             return [*args, spec.image, *command]

@@ -72,6 +72,28 @@ def test_apptainer_line_contains_everything_and_passes_env_as_apptainerenv(tmp_p
     assert "APPTAINERENV_HOME" not in inner
 
 
+def test_container_engines_get_the_episode_limits_as_their_own_flags(tmp_path: Path) -> None:
+    """The engine's cgroup holds a container, not rollout's: the limits go on its command line."""
+    from polarproxy.rollout.limits import Limits
+
+    limits = Limits(max_procs=32, max_memory=256 << 20, max_file_size=1 << 20, max_cpu_seconds=60)
+    docker = " ".join(DockerRunner().argv(["agent"], _spec(tmp_path, image="img", limits=limits), {}))
+    assert "--pids-limit 32" in docker and f"--memory {256 << 20}" in docker
+    assert f"--ulimit fsize={1 << 20}:{1 << 20}" in docker and "--ulimit cpu=60:60" in docker
+    apptainer = " ".join(ApptainerRunner().argv(["agent"], _spec(tmp_path, image="a.sif", limits=limits), {}))
+    assert (
+        "--pids-limit 32" in apptainer
+        and f"--memory {256 << 20}" in apptainer
+        and "--ulimit" not in apptainer
+    )
+    none = " ".join(
+        DockerRunner().argv(
+            ["agent"], _spec(tmp_path, image="img", limits=Limits(None, None, None, None)), {}
+        )
+    )
+    assert "--pids-limit" not in none and "--memory" not in none
+
+
 def test_container_runners_need_an_image(tmp_path: Path) -> None:
     for runner in (DockerRunner(), ApptainerRunner()):
         with pytest.raises(SandboxError, match="needs an image"):
