@@ -32,6 +32,7 @@ COMMANDS = (
     ("sync", "polarproxy.commands.sync", "sync_command"),
     ("rollout", "polarproxy.commands.rollout", "rollout"),
     ("tasks", "polarproxy.commands.tasks", "tasks_app"),
+    ("compare", "polarproxy.commands.compare", "compare_command"),
     ("db", "polarproxy.commands.db", "db_app"),
     ("rm", "polarproxy.commands.delete", "rm"),
     ("prune", "polarproxy.commands.delete", "prune"),
