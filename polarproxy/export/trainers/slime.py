@@ -11,12 +11,16 @@ When `out` holds `{rollout_id}`, slime's path template, each file holds one trai
 `groups_per_file` complete groups, numbered from 0; a group is written once all of its episodes have been
 read, so memory holds the groups not yet complete, not the export. Files are written under temporary names
 and renamed only once all of them are complete. torch is imported here alone (`pip install
-'polarproxy[torch]'`).
+'polarproxy[torch]'`). The samples are pickled by Python's C pickler, their token lists from numpy arrays
+(`_Pickled`, `_AsList`): `torch.load(..., weights_only=False)`, as slime loads, gives back plain lists of
+ints and floats (numpy must be importable there, as it is wherever torch is).
 """
 
 from __future__ import annotations
 
+import operator
 import os
+import pickle
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
@@ -47,10 +51,10 @@ def status(row: TrainerRow) -> str:
 def slime_sample(row: TrainerRow, *, rollout_id: int, group_index: int, index: int) -> dict[str, Any]:
     p = row.prompt_len
     return {
-        "tokens": row.ids.tolist(),
+        "tokens": _AsList(row.ids),
         "response_length": len(row.ids) - p,
-        "loss_mask": row.mask(p).tolist(),
-        "rollout_log_probs": row.logprobs[p:].astype("float64").tolist(),
+        "loss_mask": _AsList(row.mask(p)),
+        "rollout_log_probs": _AsList(row.logprobs[p:].astype("float64")),
         "reward": row.traj.reward,
         "status": status(row),
         "weight_versions": [v for v in row.traj.weight_versions if v is not None],
@@ -72,6 +76,33 @@ def _torch() -> Any:
     return torch
 
 
+class _AsList:
+    """A numpy array that unpickles as the list of its values (`array.tolist()`, by
+    `operator.methodcaller`, a builtin): the file holds plain lists, as slime's Samples do, without
+    building millions of Python ints here first."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return (operator.methodcaller("tolist"), (self.array,))
+
+
+class _Pickled:
+    """`samples` pickled by the C pickler, and restored by `torch.load` as the list itself: torch.save's
+    own pickler calls back into Python for every object, 12x slower on lists of ints than pickle.dumps;
+    unpickled, this is `pickle.loads(bytes)`, a builtin (torch.load with weights_only=False, as slime
+    loads, runs it), so the loaded file holds plain lists of ints and floats, as slime's own dumps do."""
+
+    def __init__(self, value: Any) -> None:
+        self.payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return (pickle.loads, (self.payload,))
+
+
 class _Files:
     """Step files written under temporary names in their folder, renamed together at the end."""
 
@@ -84,7 +115,7 @@ class _Files:
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
         self.staged.append((tmp, final))
         with os.fdopen(fd, "wb") as f:
-            torch.save({"rollout_id": step, "samples": samples}, f)
+            torch.save({"rollout_id": step, "samples": _Pickled(samples)}, f)
             f.flush()
             os.fsync(f.fileno())
 

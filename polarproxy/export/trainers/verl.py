@@ -21,7 +21,8 @@ from polarproxy.export.trainer_rows import TrainerRow, one_temperature, row_extr
 from polarproxy.export.trainers import TrainerOptions, trainer_rows
 from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
-ROWS_PER_GROUP = 1024  # Parquet row group: memory holds one
+ROW_GROUP_TOKENS = 1 << 20  # a Parquet row group holds about this many tokens: memory holds one
+ROW_GROUP_ROWS = 4096
 TOKEN_COLUMNS = {
     "prompt_ids": np.int32,
     "response_ids": np.int32,
@@ -50,6 +51,7 @@ def verl_schema() -> Any:
 
 class _Batch:
     def __init__(self) -> None:
+        self.n_tokens = 0
         self.tokens: dict[str, list[np.ndarray]] = {name: [] for name in TOKEN_COLUMNS}
         self.columns: dict[str, list[Any]] = {
             "reward_score": [],
@@ -60,6 +62,7 @@ class _Batch:
         }
 
     def add(self, row: TrainerRow) -> None:
+        self.n_tokens += len(row.ids)
         p = row.prompt_len
         self.tokens["prompt_ids"].append(row.ids[:p])
         self.tokens["response_ids"].append(row.ids[p:])
@@ -75,6 +78,9 @@ class _Batch:
 
     def __len__(self) -> int:
         return len(self.columns["uid"])
+
+    def full(self) -> bool:
+        return self.n_tokens >= ROW_GROUP_TOKENS or len(self) >= ROW_GROUP_ROWS
 
     def table(self, schema: Any) -> Any:
         import pyarrow as pa
@@ -100,14 +106,21 @@ def write_verl(
     temperatures: Counter[float | None] = Counter()
     with (
         atomic_file(out) as f,
-        pq.ParquetWriter(f.path, schema, compression="zstd", compression_level=1) as writer,
+        pq.ParquetWriter(
+            f.path,
+            schema,
+            compression="zstd",
+            compression_level=1,
+            use_dictionary=["uid"],  # token columns gain nothing from a dictionary, and cost time
+            write_statistics=["reward_score", "num_turns", "advantage"],
+        ) as writer,
     ):
         batch = _Batch()
         for row in trainer_rows(trajectories, stats):
             temperatures.update(row.traj.logprob_temperatures or [None] * len(row.spans))
             one_temperature(temperatures, "verl")
             batch.add(row)
-            if len(batch) >= ROWS_PER_GROUP:
+            if batch.full():
                 writer.write_table(batch.table(schema))
                 batch = _Batch()
         if len(batch):
