@@ -41,8 +41,20 @@ def rollout(
         ),
     ] = None,
     harness: Annotated[
-        str | None, typer.Option(help="Harness preset whose headless `command` runs each episode.")
+        list[str] | None,
+        typer.Option(
+            help="Harness preset whose headless `command` runs each episode. Repeatable: every task x sample "
+            "runs under each harness, into one store, in a group per task and harness (compare them with "
+            "`polarproxy compare --rollout ID`)."
+        ),
     ] = None,
+    group_across_harnesses: Annotated[
+        bool,
+        typer.Option(
+            "--group-across-harnesses",
+            help="With --harness repeated: one GRPO group per task across the harnesses, not one per harness.",
+        ),
+    ] = False,
     api: Annotated[str | None, typer.Option(help="Wire format, for presets that speak several.")] = None,
     model_name: Annotated[
         str | None,
@@ -164,7 +176,7 @@ def rollout(
     from polarproxy.errors import PolarproxyError
     from polarproxy.rollout.sources import load_source
 
-    if (command is None) == (harness is None):
+    if (command is None) == (not harness):
         usage_fail(
             "Give either --harness NAME or an agent command after --.",
             "e.g. polarproxy rollout tasks.jsonl -- python agent.py",
@@ -226,7 +238,14 @@ def rollout(
             usage_fail(
                 f"--pass-env {name!r} is not a variable name.", "Pass the name alone: --pass-env HF_HOME."
             )
-    if harness_arg and (command or harness is None):
+    names: list[str | None] = list(harness) if harness else [None]
+    if len(set(names)) != len(names):
+        usage_fail(
+            f"--harness {', '.join(n for n in names if n)}: a harness is named twice.", "Name each once."
+        )
+    if group_across_harnesses and len(names) < 2:
+        usage_fail("--group-across-harnesses goes with --harness given more than once.", "Drop it.")
+    if harness_arg and (command or not harness):
         usage_fail(
             "--harness-arg adds to a --harness preset's command; with -- CMD the command is yours.",
             "Put the argument in the command after --, or pass --harness NAME.",
@@ -238,66 +257,87 @@ def rollout(
             )
     try:
         task_list = load_source(tasks, repos=repos)
-        preset = _preset(harness)
-        chosen_api = preset.choose_api(api) if preset is not None else None
+        presets = {name: _preset(name) for name in names}
+        apis = {name: p.choose_api(api) if p is not None else None for name, p in presets.items()}
         from polarproxy.rollout.sandbox import get_runner
 
         runner = get_runner(isolation.value if isolation is not None else None)
     except PolarproxyError as e:
         fail(e.message, e.hint)
-    cfg = None
-    if serve is None:
-        cfg = proxy_config(
-            backend,
-            model,
-            db,
-            0,
-            max_tokens,
-            backend_kind=backend_kind,
-            backend_mode=backend_mode,
-            backend_logprobs=backend_logprobs,
-            harness=harness,
-            max_body_bytes=max_body_bytes,
-            sampling=(temperature, top_p, top_k, sampling_policy),
-        )
-    try:
-        summary, ok = run_rollout(
-            task_list,
-            cfg=cfg,
-            serve=serve,
-            control_token=control_token,
-            runner=runner,
-            command=_resolved(list(command)) if command else None,
-            preset=preset,
-            api=chosen_api,
-            model_name=model_name or (cfg.model.name if cfg is not None else "default"),
-            samples=samples,
-            concurrency=concurrency,
-            min_samples=min_samples,
-            rollout_id=rollout_id,
-            resume=resume,
-            workdir=workdir,
-            image=image,
-            reward_from=reward_from.value,
-            timeouts=(setup_timeout, timeout, verify_timeout),
-            db=db,
-            progress=sys.stderr.isatty(),  # on stderr: --json keeps stdout for the summary
-            ray=ray_target,
-            sandbox={
-                "pass_env": list(pass_env or []),
-                "harness_args": list(harness_arg or []),
-                "ro_binds": list(ro_bind or []),
-                "max_workspace_bytes": workspace_cap,
-                "limits": limits,
-            },
-            sampling=episode_sampling,
-        )
-    except PolarproxyError as e:
-        fail(e.message, e.hint)
+    if len(names) > 1 and rollout_id is None:
+        from polarproxy.rollout.run import new_rollout_id
+
+        rollout_id = new_rollout_id()  # one rollout, a run per harness
+
+    def run_one(name: str | None) -> tuple[dict[str, Any], bool]:
+        """One harness's run: its own gateway and preset, the command's other options."""
+        cfg = None
+        if serve is None:
+            cfg = proxy_config(
+                backend,
+                model,
+                db,
+                0,
+                max_tokens,
+                backend_kind=backend_kind,
+                backend_mode=backend_mode,
+                backend_logprobs=backend_logprobs,
+                harness=name,
+                max_body_bytes=max_body_bytes,
+                sampling=(temperature, top_p, top_k, sampling_policy),
+            )
+        try:
+            return run_rollout(
+                task_list,
+                cfg=cfg,
+                serve=serve,
+                control_token=control_token,
+                runner=runner,
+                command=_resolved(list(command)) if command else None,
+                preset=presets[name],
+                api=apis[name],
+                model_name=model_name or (cfg.model.name if cfg is not None else "default"),
+                samples=samples,
+                concurrency=concurrency,
+                min_samples=min_samples,
+                rollout_id=rollout_id,
+                resume=resume,
+                workdir=workdir,
+                image=image,
+                reward_from=reward_from.value,
+                timeouts=(setup_timeout, timeout, verify_timeout),
+                db=db,
+                progress=sys.stderr.isatty(),  # on stderr: --json keeps stdout for the summary
+                ray=ray_target,
+                sandbox={
+                    "pass_env": list(pass_env or []),
+                    "harness_args": list(harness_arg or []),
+                    "ro_binds": list(ro_bind or []),
+                    "max_workspace_bytes": workspace_cap,
+                    "limits": limits,
+                    "group_by_harness": len(names) > 1 and not group_across_harnesses,
+                },
+                sampling=episode_sampling,
+            )
+        except PolarproxyError as e:
+            fail(e.message, e.hint)
+
+    runs = []
+    for name in names:
+        summary, ok = run_one(name)
+        runs.append((name, summary, ok))
+    summary, ok = runs[0][1], all(r[2] for r in runs)
+    if len(runs) > 1:
+        summary = _combined(runs)
     if json_out:
         print_json(summary)
-    else:
+    elif len(runs) == 1:
         _print_summary(summary)
+    else:
+        for name, one, _ok in runs:
+            typer.echo(f"harness {name}:", err=True)
+            _print_summary(one)
+        typer.echo(f"compare them: polarproxy compare --rollout {summary['rollout_id']}", err=True)
     if not ok:
         failed = [e for e in summary["episodes"] if e["state"] == "failed"]
         first = "; ".join(f"{e['task']}#{e['sample']}: {e['reason']}" for e in failed[:3])
@@ -305,6 +345,20 @@ def rollout(
             f"Error: {len(failed)} of {len(summary['episodes'])} episodes failed. First: {first}", err=True
         )
     raise typer.Exit(0 if ok else 1)
+
+
+def _combined(runs: list[tuple[str | None, dict[str, Any], bool]]) -> dict[str, Any]:
+    """One summary of a run per harness: each harness's own, and their episodes together (with `harness`)."""
+    states: dict[str, int] = {}
+    for _name, one, _ok in runs:
+        for state, n in one["states"].items():
+            states[state] = states.get(state, 0) + n
+    return {
+        "rollout_id": runs[0][1]["rollout_id"],
+        "harnesses": {name: one for name, one, _ok in runs},
+        "states": states,
+        "episodes": [{**e, "harness": name} for name, one, _ok in runs for e in one["episodes"]],
+    }
 
 
 def _ray_target(ray: str | None, serve: str | None, db: str | None) -> Any:

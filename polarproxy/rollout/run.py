@@ -51,11 +51,21 @@ class Plan:
     scratch: Path | None = None  # episode folders go here (default: a temporary folder)
 
 
+def prior_episodes(settings: Settings, tasks: list[Task]) -> list[Any]:
+    """The store's episodes of this rollout in these tasks' groups, of this run's harness (several harnesses
+    may share a rollout ID and, with --group-across-harnesses, its groups)."""
+    groups = sorted({group_id(settings, t) for t in tasks})
+    return [
+        e
+        for e in settings.episodes.prior(settings.rollout_id, groups)
+        if not settings.harness or e.metadata.get("harness", settings.harness) == settings.harness
+    ]
+
+
 def done_pairs(settings: Settings, tasks: list[Task]) -> dict[tuple[str, int], Any]:
     """(task id, sample) -> the earlier episode that finished it: ran to its end and got a reward."""
     done: dict[tuple[str, int], Any] = {}
-    groups = sorted({group_id(settings, t) for t in tasks})
-    for e in settings.episodes.prior(settings.rollout_id, groups):
+    for e in prior_episodes(settings, tasks):
         md = e.metadata
         if e.status in FINISHED and e.reward is not None and "task_id" in md and "sample" in md:
             done[(str(md["task_id"]), int(md["sample"]))] = e
@@ -67,13 +77,11 @@ def plan_jobs(plan: Plan, settings: Settings, scratch: Path) -> list[Job]:
     --min-samples, the rest of a group accepted then are `aborted`). Refuses a rollout ID already in the
     store without --resume."""
     finished = done_pairs(settings, plan.tasks) if plan.resume else {}
-    if not plan.resume:
-        groups = sorted({group_id(settings, t) for t in plan.tasks})
-        if settings.episodes.prior(settings.rollout_id, groups):
-            raise UsageError(
-                f"Rollout {settings.rollout_id} already has episodes in the store.",
-                hint="Pass --resume to run only its unfinished (task, sample) pairs, or another --rollout-id.",
-            )
+    if not plan.resume and prior_episodes(settings, plan.tasks):
+        raise UsageError(
+            f"Rollout {settings.rollout_id} already has episodes in the store.",
+            hint="Pass --resume to run only its unfinished (task, sample) pairs, or another --rollout-id.",
+        )
     jobs: list[Job] = []
     for task in plan.tasks:
         for i in range(plan.samples):

@@ -116,9 +116,8 @@ class Settings:
     verify_timeout_s: float = 600.0
     keep: bool = False  # keep each episode's folder (workspace, home, logs)
     pass_env: list[str] = field(default_factory=list)  # `--pass-env NAME`: host variables passed on purpose
-    harness_args: list[str] = field(
-        default_factory=list
-    )  # `--harness-arg ARG`: added to the preset's command
+    harness_args: list[str] = field(default_factory=list)  # `--harness-arg ARG`, added to the preset's
+    group_by_harness: bool = False  # several harnesses in one rollout: a group per task and harness
     ro_binds: list[Path] = field(default_factory=list)  # `--ro-bind PATH`: more of the host, read-only
     max_workspace_bytes: int | None = None  # the evaluate copy's cap (apparent sizes)
     limits: Limits = field(default_factory=Limits)  # processes, memory, file size, CPU time per episode
@@ -126,7 +125,10 @@ class Settings:
 
 
 def group_id(s: Settings, task: Task) -> str:
-    """The GRPO group of a task's samples in this rollout."""
+    """The GRPO group of a task's samples in this rollout (and harness, when several run: `--harness`
+    repeated, without `--group-across-harnesses`)."""
+    if s.group_by_harness and s.harness:
+        return f"{s.rollout_id}:{task.id}:{s.harness}"
     return f"{s.rollout_id}:{task.id}"
 
 
@@ -244,6 +246,8 @@ def episode_bridge(job: Job, s: Settings, spec: SandboxSpec, key: str) -> HostRe
 def execute(job: Job, s: Settings) -> None:
     command = harness_command(s, job.task.instruction)
     metadata = {"rollout_id": s.rollout_id, "task_id": job.task.id, "sample": str(job.sample)}
+    if s.harness:
+        metadata["harness"] = s.harness
     handle = s.episodes.create(
         task=job.task.id,
         group=group_id(s, job.task),

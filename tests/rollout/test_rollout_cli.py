@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from rollout_support import AGENT, EXAMPLE, rollout_argv, run_rollout
+from rollout_support import AGENT, EXAMPLE, REPO, rollout_argv, run_rollout
 
 from polarproxy.rollout.run import FINISHED
 from polarproxy.store.store import Store
@@ -239,3 +239,55 @@ def test_the_readme_agent_path_relative_to_the_checkout_runs_in_every_workspace(
     assert {tuple(e.command) for e in eps} == {(sys.executable, str(AGENT))}
     # the model folder goes with every episode, so `audit` re-renders a rollout's calls without --model
     assert {e.metadata.get("model_dir") for e in eps} == {str(tiny_model_dir.resolve())}
+
+
+def test_repeated_harness_runs_every_task_under_each_into_one_store_and_compare_reads_them(
+    stub_backend, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`--harness codex --harness claude`: one rollout, a run per harness into one store, a group per task
+    and harness, each episode's harness recorded; `polarproxy compare --rollout ID` sets them side by side.
+    Stand-in CLIs on PATH (codex answers the greeting, claude writes nothing) keep it fast."""
+    import os
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("codex", "echo 'Hello there.' > answer.txt"), ("claude", "true")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    db = tmp_path / "r.db"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    argv = [
+        sys.executable,
+        "-m",
+        "polarproxy",
+        "rollout",
+        str(EXAMPLE / "tasks.jsonl"),
+        "--isolation",
+        "none",
+    ]
+    argv += ["--harness", "codex", "--harness", "claude", "--samples", "2", "--json"]
+    argv += ["--backend", stub_backend.url, "--model", str(tiny_model_dir), "--db", str(db)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    rid = summary["rollout_id"]
+    assert set(summary["harnesses"]) == {"codex", "claude"} and summary["states"] == {"done": 8}
+    groups = {(e["harness"], e["group"]) for e in summary["episodes"]}
+    assert groups == {(h, f"{rid}:{t}:{h}") for h in ("codex", "claude") for t in ("greet", "shout")}
+    res = subprocess.run(
+        [sys.executable, "-m", "polarproxy", "compare", "--db", str(db), "--rollout", rid, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    report = json.loads(res.stdout)
+    assert report["harnesses"]["codex"]["resolved"] == 2 and report["harnesses"]["claude"]["resolved"] == 0
+    assert report["harnesses"]["codex"]["episodes"] == 4 and report["tasks"]["greet"] == ["codex"]
+    # the same rollout ID again is refused per harness, as for one harness
+    again = subprocess.run(
+        [*argv, "--rollout-id", rid], capture_output=True, text=True, timeout=120, env=env, cwd=REPO
+    )
+    assert again.returncode != 0 and "already has episodes" in again.stderr
