@@ -107,6 +107,23 @@ def _umask() -> int:
     return mask
 
 
+def new_file_mode() -> int:
+    """The mode `open(path, "w")` would give a new file: 0666 less the process umask."""
+    return 0o666 & ~_umask()
+
+
+def sync_folder(folder: str | os.PathLike[str]) -> None:
+    """Make the renames in `folder` durable (best effort: not every file system can sync a folder)."""
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
 @contextmanager
 def atomic_file(out: str | os.PathLike[str], *, durable: bool = True) -> Iterator[AtomicFile]:
     """A binary file to write `out` through: rows go to a temporary file in the same folder, which is synced
@@ -115,7 +132,7 @@ def atomic_file(out: str | os.PathLike[str], *, durable: bool = True) -> Iterato
     path = Path(out)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "wb") as f:
             ahead = AtomicFile(f, SYNC_AHEAD_BYTES if durable else 0, tmp_name)
             try:
@@ -132,11 +149,4 @@ def atomic_file(out: str | os.PathLike[str], *, durable: bool = True) -> Iterato
         raise
     if not durable:
         return
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+    sync_folder(path.parent)  # make the rename itself durable

@@ -313,6 +313,11 @@ def test_slime_files_hold_samples_per_step_of_complete_groups(recorded, tmp_path
     with Store.open(str(db)) as store:
         seen_groups = []
         for i, path in enumerate(summary["files"]):
+            umask = os.umask(0)
+            os.umask(umask)
+            assert (
+                os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+            )  # as open() makes a file: a trainer reads it
             data = torch.load(path, weights_only=False)
             assert data["rollout_id"] == i
             groups = {s["group_index"] for s in data["samples"]}

@@ -24,9 +24,11 @@ import pickle
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from polarproxy.export.atomic import new_file_mode, sync_folder
 from polarproxy.export.rows import ExportStats
 from polarproxy.export.trainer_rows import TrainerRow, TrainerRowError, one_temperature, row_extras
 from polarproxy.export.trainers import TrainerOptions, by_episode, trainer_rows
@@ -54,7 +56,7 @@ def slime_sample(row: TrainerRow, *, rollout_id: int, group_index: int, index: i
         "tokens": _AsList(row.ids),
         "response_length": len(row.ids) - p,
         "loss_mask": _AsList(row.mask(p)),
-        "rollout_log_probs": _AsList(row.logprobs[p:].astype("float64")),
+        "rollout_log_probs": _AsList(row.logprobs[p:]),  # float32: tolist() widens each value exactly
         "reward": row.traj.reward,
         "status": status(row),
         "weight_versions": [v for v in row.traj.weight_versions if v is not None],
@@ -104,29 +106,56 @@ class _Pickled:
 
 
 class _Files:
-    """Step files written under temporary names in their folder, renamed together at the end."""
+    """Step files written under temporary names in their folder (with the mode a new file gets), each
+    synced to disk in a background thread while the next one is built, and renamed together at the end."""
 
     def __init__(self, template: str) -> None:
         self.template = template
         self.staged: list[tuple[str, Path]] = []
+        self._syncs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slime-sync")
+        self._pending: list[Future[None]] = []
 
     def save(self, torch: Any, step: int, samples: list[dict[str, Any]]) -> None:
         final = Path(self.template.replace(TEMPLATE, str(step)))
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
         self.staged.append((tmp, final))
-        with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, new_file_mode())
+        f = os.fdopen(fd, "wb")
+        try:
             torch.save({"rollout_id": step, "samples": _Pickled(samples)}, f)
             f.flush()
-            os.fsync(f.fileno())
+        except BaseException:
+            f.close()
+            raise
+        self._pending.append(self._syncs.submit(_sync_and_close, f))
+
+    def _wait(self) -> None:
+        for future in self._pending:
+            future.result()
+        self._pending.clear()
 
     def commit(self) -> list[str]:
+        self._wait()
+        self._syncs.shutdown()
         for tmp, final in self.staged:
             os.replace(tmp, final)
+        for folder in {final.parent for _, final in self.staged}:
+            sync_folder(folder)
         return [str(final) for _, final in self.staged]
 
     def discard(self) -> None:
+        for future in self._pending:
+            future.exception()  # wait: the file must not be removed under its sync
+        self._syncs.shutdown()
         for tmp, _ in self.staged:
             Path(tmp).unlink(missing_ok=True)
+
+
+def _sync_and_close(f: Any) -> None:
+    try:
+        os.fsync(f.fileno())
+    finally:
+        f.close()
 
 
 def write_slime(
