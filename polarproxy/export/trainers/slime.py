@@ -193,7 +193,8 @@ def write_slime(
                 continue
             group = rows[0].group
             seen[group] += 1
-            if seen[group] >= options.group_sizes.get(group, 0):
+            expected = options.group_sizes.get(group)  # a group it does not know completes at the end
+            if expected is not None and seen[group] >= expected:
                 step += waiting.pop(group)
                 step_groups += 1
                 if step_groups == options.groups_per_file:
