@@ -80,19 +80,25 @@ class HarnessFigures:
 
 def compare(store: Any, episodes: list[Episode]) -> dict[str, Any]:
     """The figures of `episodes` (read with their calls from `store`) per harness, and per task."""
+    from polarproxy.store.token_calls import iter_token_calls
+
     by_harness: dict[str, HarnessFigures] = defaultdict(HarnessFigures)
     solved_by: dict[str, set[str]] = defaultdict(set)
+    # per call only what is counted, from the stored lengths: no prompt is rebuilt to be counted
+    calls_of: dict[str, list[tuple[int, str, int, int, str]]] = defaultdict(list)
+    for c in iter_token_calls(store, [ep.id for ep in episodes]) if episodes else ():
+        calls_of[c.episode_id].append((c.seq, c.status, c.prompt_len, c.output_len, c.render_mode))
     for ep in episodes:
         name = ep.harness or "(none)"
         f = by_harness[name]
         f.episodes += 1
-        calls = store.list_calls(ep.id)
-        answered = sum(1 for c in calls if c.status == "ok")
+        calls = sorted(calls_of.pop(ep.id, []))
         f.calls += len(calls)
-        f.prompt_tokens += sum(len(c.prompt_ids) for c in calls)  # the tokens the model saw, as recorded
-        f.sampled_tokens += sum(len(c.output_ids) for c in calls)
+        f.prompt_tokens += sum(c[2] for c in calls)  # the tokens the model saw, as recorded
+        f.sampled_tokens += sum(c[3] for c in calls)
         f.follow_ups += max(0, len(calls) - 1)
-        f.extended += sum(1 for c in calls[1:] if c.render_mode == "extended")
+        f.extended += sum(1 for c in calls[1:] if c[4] == "extended")
+        answered = sum(1 for c in calls if c[1] == "ok")
         kind = failure_class(ep, answered)
         if kind is not None:
             f.failures[kind] = f.failures.get(kind, 0) + 1

@@ -32,19 +32,18 @@ def record_summary(stderr: str) -> dict[str, Any]:
 
 
 def call_start(episode_id: str, prompt: list[int], **kw: Any) -> CallStart:
-    return CallStart(
-        episode_id=episode_id,
-        dialect="openai_chat",
-        method="POST",
-        path="/v1/chat/completions",
-        model="m",
-        stream=False,
-        request_headers={},
-        request_body="{}",
-        conversation=None,
-        prompt_ids=prompt,
-        **kw,
-    )
+    """A chat-completions CallStart with `prompt`; any field can be given in `kw` (it replaces the default)."""
+    fields: dict[str, Any] = {
+        "dialect": "openai_chat",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "model": "m",
+        "stream": False,
+        "request_headers": {},
+        "request_body": "{}",
+        "conversation": None,
+    }
+    return CallStart(episode_id=episode_id, prompt_ids=prompt, **{**fields, **kw})
 
 
 def add_episode(store: Store, turns: int = 3, *, end: str | None = "ok") -> tuple[str, list[str]]:

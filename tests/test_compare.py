@@ -8,30 +8,18 @@ import math
 from pathlib import Path
 
 import pytest
+from factories import call_start
 from typer.testing import CliRunner
 
 from polarproxy.compare import pass_at_k, wilson
-from polarproxy.store import CallResult, CallStart, EpisodeStart, Store
+from polarproxy.store import CallResult, EpisodeStart, Store
 
 # harness -> task -> rewards of its samples
 REWARDS = {"alpha": {"t1": [1.0, 0.0], "t2": [1.0, 1.0]}, "beta": {"t1": [0.0, 0.0], "t2": [1.0, 0.0]}}
 
 
 def _call(store: Store, eid: str, prompt: list[int], output: list[int], mode: str) -> None:
-    start = CallStart(
-        episode_id=eid,
-        dialect="openai_chat",
-        method="POST",
-        path="/v1/chat/completions",
-        model="m",
-        stream=False,
-        request_headers={},
-        request_body="{}",
-        prompt_ids=prompt,
-        conversation={"messages": [{"role": "user", "content": "x"}], "tools": [], "sampling": {}},
-        render_mode=mode,
-    )
-    cid, _ = store.begin_call(start)
+    cid, _ = store.begin_call(call_start(eid, prompt, render_mode=mode))
     store.finish_call(cid, CallResult(status="ok", output_ids=output, output_logprobs=[-0.1] * len(output)))
 
 

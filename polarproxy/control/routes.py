@@ -34,7 +34,7 @@ def request_key(req: http.Request) -> str | None:
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    for header in ("x-api-key", "x-goog-api-key", "api-key"):
+    for header in keys.KEY_HEADERS:
         if req.headers.get(header):
             return req.headers[header].strip()
     key = req.query.get("key") if "?" in req.path else None

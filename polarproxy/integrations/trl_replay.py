@@ -17,32 +17,32 @@ reaches it as an extra field), and with `scale_rewards="none"` TRL's advantages 
 from __future__ import annotations
 
 import os
-from collections import Counter
 from typing import Any
 
 import orjson
 
+from polarproxy.integrations.replay import GroupReplay
+
 KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "advantage")
 
 
-class TrlReplay:
-    """The rows of a `--format trl` file by group, replayed in order (from the start again once a group's
-    rows are used up: a new epoch)."""
+class TrlReplay(GroupReplay):
+    """The rows of a `--format trl` file by group, replayed in order (replay.py)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.groups: dict[str, list[dict[str, Any]]] = {}
+        groups: dict[str, list[dict[str, Any]]] = {}
         with open(path, "rb") as f:
             for line in f:
                 if line.strip():
                     row = orjson.loads(line)
-                    self.groups.setdefault(row["group_id"], []).append(row)
-        if not self.groups:
+                    groups.setdefault(row["group_id"], []).append(row)
+        if not groups:
             raise ValueError(f"{path} holds no rows; export some with polarproxy export --format trl.")
-        sizes = {len(rows) for rows in self.groups.values()}
+        sizes = {len(rows) for rows in groups.values()}
         if len(sizes) != 1:
             raise ValueError(f"{path} holds groups of sizes {sorted(sizes)}; TRL needs one size.")
+        super().__init__(groups, "use TrlReplay.dataset()")
         self.num_generations = sizes.pop()
-        self._served: Counter[str] = Counter()
 
     def dataset(self) -> list[dict[str, str]]:
         """TRL's train dataset: one prompt per group (its ID)."""
@@ -51,13 +51,7 @@ class TrlReplay:
     def __call__(self, prompts: list[Any], trainer: Any = None) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {key: [] for key in KEYS}
         for prompt in prompts:
-            rows = self.groups.get(prompt)
-            if rows is None:
-                raise KeyError(
-                    f"prompt {prompt!r} is not a group of the replayed rows; use TrlReplay.dataset()"
-                )
-            row = rows[self._served[prompt] % len(rows)]
-            self._served[prompt] += 1
+            row = self.next(prompt)
             for key in KEYS:
                 out[key].append(row[key])
         return out

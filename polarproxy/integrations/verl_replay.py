@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import functools
 import os
-from collections import Counter
 from typing import Any
 
 import numpy as np
+
+from polarproxy.integrations.replay import GroupReplay
 
 AGENT_NAME = "polarproxy_replay"
 GROUP_FIELD = "polarproxy_group"
@@ -74,22 +75,11 @@ def output_fields(row: dict[str, Any]) -> dict[str, Any]:
     return {name: row[name] for name in OUTPUT_FIELDS}
 
 
-class Replay:
-    """The next row of each group, from the start again once a group's rows are used up (a new epoch)."""
+class Replay(GroupReplay):
+    """The rows of a `--format verl` file by `uid`, replayed in order (replay.py)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.groups = load_groups(path)
-        self._served: Counter[str] = Counter()
-
-    def next(self, group: str) -> dict[str, Any]:
-        rows = self.groups.get(group)
-        if rows is None:
-            raise KeyError(
-                f"group {group!r} is not in the replayed rows; build the dataset with write_dataset"
-            )
-        row = rows[self._served[group] % len(rows)]
-        self._served[group] += 1
-        return row
+        super().__init__(load_groups(path), "build the dataset with write_dataset")
 
 
 def pad_batch(

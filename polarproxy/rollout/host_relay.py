@@ -3,7 +3,7 @@ episode's own key.
 
 Each episode has a socket of its own (stages.py `episode_bridge`), bound into its sandbox alone. The relay
 reads every request's head before anything reaches the gateway and forwards it only when every key it
-carries (`Authorization: Bearer`, `x-api-key`, `x-goog-api-key`, `api-key`, `?key=`, as routes.py reads
+carries (`Authorization: Bearer`, store/keys.py's `KEY_HEADERS`, `?key=`: where the gateway reads
 them) is this episode's key, compared in constant time: a key taken from another episode is useless from
 this sandbox, and a request with none is refused here too. A refusal is a 403 in the shape of the dialect
 the path names (an OpenAI-shaped body for other paths), the connection ends, and the refusal is counted by
@@ -30,11 +30,11 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from polarproxy.rollout.bridge import BUFFER
+from polarproxy.store.keys import KEY_HEADERS
 
 MAX_HEAD_BYTES = 64 * 1024
 HEAD_TIMEOUT_S = 60.0  # a client that opens a connection and sends no head in this time is dropped
 BODY_IDLE_S = 300.0  # a body that stops arriving for this long is dropped
-KEY_HEADERS = ("x-api-key", "x-goog-api-key", "api-key")
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection"}
 
 
@@ -149,7 +149,7 @@ def presented_keys(target: str, headers: list[tuple[str, str]]) -> list[str]:
         if name == "authorization":
             scheme, _, rest = value.partition(" ")
             found.append(rest.strip() if scheme.lower() == "bearer" else value)
-        elif name in KEY_HEADERS:
+        elif name in KEY_HEADERS:  # store/keys.py: where the gateway reads keys too
             found.append(value)
     found += [v for k, v in parse_qsl(urlsplit(target).query, keep_blank_values=True) if k == "key"]
     return found

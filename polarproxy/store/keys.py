@@ -28,6 +28,9 @@ E = schema.episodes
 W = schema.writers
 
 KEY_PREFIX = "ppk_"  # what the keys look like: a harness's other keys (placeholders) are told apart cheaply
+# the headers a provider SDK sends its key in besides `Authorization: Bearer` (Anthropic, Gemini, Azure);
+# Gemini's may come as `?key=` too. The gateway's routing and each episode's bridge read the same ones.
+KEY_HEADERS = ("x-api-key", "x-goog-api-key", "api-key")
 
 
 def new_key() -> str:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from factories import record_summary
+from factories import call_start, record_summary
 
-from polarproxy.store import CallResult, CallStart, EpisodeStart, Store
+from polarproxy.store import CallResult, EpisodeStart, Store
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -50,16 +50,10 @@ def _branch(store: Store, episode_id: str) -> list[str]:
     base = list(first.prompt_ids) + list(first.output_ids)
     ids = []
     for tail, out in (([40, 41], [42, 43, 44]), ([50], [51, 52])):
-        start = CallStart(
-            episode_id=episode_id,
-            dialect="openai_chat",
-            method="POST",
-            path="/v1/chat/completions",
+        start = call_start(
+            episode_id,
+            base + tail,
             model=first.model,
-            stream=False,
-            request_headers={},
-            request_body="{}",
-            prompt_ids=base + tail,
             conversation={"messages": [{"role": "user", "content": "sub"}], "tools": [], "sampling": {}},
             render_mode="extended",
             extended_from=first.id,
@@ -72,52 +66,24 @@ def _branch(store: Store, episode_id: str) -> list[str]:
     return ids
 
 
-def _hot(store: Store, source: str) -> str:
-    """An episode whose one call's logprobs are at T = 0.6 (the tokens of a recorded call)."""
-    call = store.list_calls(source)[0]
-    eid = store.create_episode(EpisodeStart(command=["agent"], task="task-hot", group_id="hot"))
-    start = CallStart(
-        episode_id=eid,
-        dialect="openai_chat",
-        method="POST",
-        path="/v1/chat/completions",
-        model=call.model,
-        stream=False,
-        request_headers={},
-        request_body="{}",
-        prompt_ids=list(call.prompt_ids),
-        conversation=call.conversation,
-        temperature=0.6,
-        logprob_temperature=0.6,
-    )
-    cid, _ = store.begin_call(start)
-    result = CallResult(
-        status="ok", output_ids=list(call.output_ids), output_logprobs=list(call.output_logprobs)
-    )
-    store.finish_call(cid, result)
-    return eid
-
-
-def _copy(store: Store, source: str, group: str, calls: int, reward: float) -> str:
-    """A new episode of `group` holding the first `calls` calls of a recorded one (its tokens and logprobs),
-    finished with `reward`: a group whose episodes differ in length."""
+def _copy(
+    store: Store, source: str, group: str, calls: int, reward: float, *, temperature: float | None = None
+) -> str:
+    """A new episode of `group` holding the first `calls` calls of a recorded one (its tokens and logprobs,
+    or with `temperature` as sampled and scored at it), finished with `reward`."""
     eid = store.create_episode(EpisodeStart(command=["agent"], task=f"task-{group}", group_id=group))
     previous = None
     for call in store.list_calls(source)[:calls]:
-        start = CallStart(
-            episode_id=eid,
-            dialect=call.dialect,
-            method="POST",
-            path=call.path,
+        start = call_start(
+            eid,
+            list(call.prompt_ids),
             model=call.model,
             stream=call.stream,
-            request_headers={},
-            request_body="{}",
-            prompt_ids=list(call.prompt_ids),
             conversation=call.conversation,
             render_mode=call.render_mode,
             extended_from=previous,
-            logprob_temperature=call.logprob_temperature,
+            temperature=temperature,
+            logprob_temperature=temperature or call.logprob_temperature,
         )
         previous, _ = store.begin_call(start)
         result = CallResult(
@@ -147,7 +113,7 @@ def recorded(backend, tiny_model_dir, tmp_path_factory):
     }
     with Store.open(str(db)) as store:
         _branch(store, episodes[("g1", 0)])
-        hot = _hot(store, episodes[("g2", 0)])
+        hot = _copy(store, episodes[("g2", 0)], "hot", 1, 1.0, temperature=0.6)  # logprobs at T = 0.6
         short = _copy(store, episodes[("g2", 0)], "uneven", 1, 1.0)  # solved in one call
         long = _copy(store, episodes[("g2", 1)], "uneven", 3, 0.0)
     episodes[("uneven", 0)], episodes[("uneven", 1)] = short, long
@@ -363,19 +329,8 @@ def test_rows_without_token_ids_are_refused_and_bad_options_are_usage_errors(rec
     db, _episodes, _hot = recorded
     with Store.open(str(db)) as store:
         eid = store.create_episode(EpisodeStart(command=["chat"], task="text-only"))
-        start = CallStart(
-            episode_id=eid,
-            dialect="openai_chat",
-            method="POST",
-            path="/v1/chat/completions",
-            model="gpt-5",
-            stream=False,
-            request_headers={},
-            request_body="{}",
-            prompt_ids=[],
-            fidelity="text",
-            conversation={"messages": [{"role": "user", "content": "hi"}], "tools": [], "sampling": {}},
-        )
+        conversation = {"messages": [{"role": "user", "content": "hi"}], "tools": [], "sampling": {}}
+        start = call_start(eid, [], model="gpt-5", fidelity="text", conversation=conversation)
         cid, _ = store.begin_call(start)
         store.finish_call(cid, CallResult(status="ok", output_ids=[], completion={"text": "hello"}))
     for fmt in ("openrlhf", "verl", "trl", "nemo-rl", "slime"):

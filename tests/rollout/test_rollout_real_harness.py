@@ -38,24 +38,21 @@ SCRIPT = {
 }
 
 
-@pytest.mark.parametrize("isolation", ["none", "bwrap"])
-def test_rollout_runs_the_real_qwen_code_cli_per_episode_and_scores_its_work(
-    make_backend, tiny_model_dir: Path, tmp_path: Path, isolation: str
-) -> None:
-    """Under bwrap (as root in CI: the episode's own host user, the allow-listed file system) the node CLI
-    still finds its install and runs its tools."""
+def _rollout_example_tasks(
+    harness: str, script: dict, isolation: str, make_backend, tiny_model_dir: Path, tmp_path: Path
+) -> tuple[dict, Path]:
+    """`rollout` of the example tasks (greet, shout) with the real CLI of `harness` against a backend that
+    follows `script`; the summary and the store, once both episodes are done and scored as expected (the
+    CLI ran the tool: greet's answer.txt says Hello, shout's is not in capitals)."""
     import subprocess
 
-    if isolation == "bwrap":
-        bwrap_or_skip()
-
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(SCRIPT))
-    url = make_backend(tiny_model_dir, "--script", str(script)).url
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps(script))
+    url = make_backend(tiny_model_dir, "--script", str(path)).url
     db = tmp_path / "r.db"
     argv = rollout_argv(
         str(EXAMPLE / "tasks.jsonl"),
-        *("--harness", "qwen", "--samples", "1", "--concurrency", "2"),
+        *("--harness", harness, "--samples", "1", "--concurrency", "2"),
         *("--backend", url, "--model", str(tiny_model_dir), "--db", str(db)),
         *("--isolation", isolation, "--json"),
     )
@@ -64,8 +61,20 @@ def test_rollout_runs_the_real_qwen_code_cli_per_episode_and_scores_its_work(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["states"] == {"done": 2}, summary
-    assert summary["tasks"]["greet"]["rewards"] == [1.0]  # the CLI ran the tool: answer.txt says Hello
+    assert summary["tasks"]["greet"]["rewards"] == [1.0], summary["episodes"]
     assert summary["tasks"]["shout"]["rewards"] == [0.0]
+    return summary, db
+
+
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+def test_rollout_runs_the_real_qwen_code_cli_per_episode_and_scores_its_work(
+    make_backend, tiny_model_dir: Path, tmp_path: Path, isolation: str
+) -> None:
+    """Under bwrap (as root in CI: the episode's own host user, the allow-listed file system) the node CLI
+    still finds its install and runs its tools."""
+    if isolation == "bwrap":
+        bwrap_or_skip()
+    summary, db = _rollout_example_tasks("qwen", SCRIPT, isolation, make_backend, tiny_model_dir, tmp_path)
     store = Store.open(str(db))
     try:
         eps = [
@@ -109,22 +118,5 @@ def test_rollout_runs_the_real_codex_cli_whose_own_sandbox_edits_the_workspace_i
     """The Codex preset as shipped, under rollout's bwrap (as root in CI): Codex runs its shell tool in its
     own sandbox, nested in ours, in workspace-write mode, so its edit lands and the verifier scores it (as
     shipped before, its read-only sandbox failed every edit and each episode ended with reward 0)."""
-    import subprocess
-
     bwrap_or_skip()
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(CODEX_SCRIPT))
-    url = make_backend(tiny_model_dir, "--script", str(script)).url
-    argv = rollout_argv(
-        str(EXAMPLE / "tasks.jsonl"),
-        *("--harness", "codex", "--samples", "1", "--concurrency", "2"),
-        *("--backend", url, "--model", str(tiny_model_dir), "--db", str(tmp_path / "r.db")),
-        *("--isolation", "bwrap", "--json"),
-    )
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "NO_COLOR": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads(proc.stdout)
-    assert summary["states"] == {"done": 2}, summary
-    assert summary["tasks"]["greet"]["rewards"] == [1.0], summary["episodes"]  # Codex's edit landed
-    assert summary["tasks"]["shout"]["rewards"] == [0.0]
+    _rollout_example_tasks("codex", CODEX_SCRIPT, "bwrap", make_backend, tiny_model_dir, tmp_path)
