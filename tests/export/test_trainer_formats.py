@@ -345,6 +345,25 @@ def test_rows_without_token_ids_are_refused_and_bad_options_are_usage_errors(rec
     assert res.returncode == 2 and "--tokenizer" in res.stderr
 
 
+def _uneven_first_step(recorded, fmt: str, out: Path, tiny_model_dir: Path, tmp_path: Path) -> dict:
+    """The `uneven` group (rows of two lengths: a loss that is not 0) exported as `fmt` to `out`, and
+    `polarproxy train`'s first-step metrics on the same episodes' jsonl rows (--lr 0, token-mean), with the
+    advantages each trainer computes as we do (grpo, no std division)."""
+    from polarproxy.train.metrics import read_metrics
+
+    db, episodes, _hot = recorded
+    chosen = _episodes(episodes[("uneven", 0)], episodes[("uneven", 1)])
+    adv = ("--advantages", "grpo", "--scale-rewards", "none")
+    _ok(_export(db, out, fmt, *adv, *chosen))
+    _ok(_export(db, tmp_path / "rows.jsonl", "jsonl", "--strategy", "prefix-merge", *adv, *chosen))
+    train = [sys.executable, "-m", "polarproxy", "train", "--data", str(tmp_path / "rows.jsonl")]
+    train += ["--model", str(tiny_model_dir), "--out", str(tmp_path / "pp"), "--steps", "1", "--lr", "0"]
+    train += ["--device", "cpu", "--rows-per-step", "2", "--loss-agg", "token-mean"]
+    res = subprocess.run(train, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return read_metrics(tmp_path / "pp")[0]
+
+
 def test_trls_own_grpo_step_on_the_replayed_rows_gives_polarproxy_trains_loss(
     recorded, tiny_model_dir, tmp_path
 ):
@@ -356,19 +375,8 @@ def test_trls_own_grpo_step_on_the_replayed_rows_gives_polarproxy_trains_loss(
     from trl import GRPOConfig, GRPOTrainer
 
     from polarproxy.integrations.trl_replay import TrlReplay, recorded_reward
-    from polarproxy.train.metrics import read_metrics
 
-    db, episodes, _hot = recorded
-    g2 = _episodes(episodes[("uneven", 0)], episodes[("uneven", 1)])  # rows of two lengths: a loss not 0
-    adv = ("--advantages", "grpo", "--scale-rewards", "none")
-    _ok(_export(db, tmp_path / "t.jsonl", "trl", *adv, *g2))
-    _ok(_export(db, tmp_path / "rows.jsonl", "jsonl", "--strategy", "prefix-merge", *adv, *g2))
-    train = [sys.executable, "-m", "polarproxy", "train", "--data", str(tmp_path / "rows.jsonl")]
-    train += ["--model", str(tiny_model_dir), "--out", str(tmp_path / "pp"), "--steps", "1", "--lr", "0"]
-    train += ["--device", "cpu", "--rows-per-step", "2", "--loss-agg", "token-mean"]
-    res = subprocess.run(train, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    ours = read_metrics(tmp_path / "pp")[0]
+    ours = _uneven_first_step(recorded, "trl", tmp_path / "t.jsonl", tiny_model_dir, tmp_path)
 
     replay = TrlReplay(tmp_path / "t.jsonl")
     assert replay.num_generations == 2
@@ -483,19 +491,7 @@ def test_verls_own_policy_loss_on_the_replayed_rows_gives_polarproxy_trains_loss
         if os.environ.get("CI"):
             pytest.fail(f"verl's venv is missing ({VERL_PYTHON}): `make test` builds it (make verl-venv)")
         pytest.skip(f"verl's venv is missing ({VERL_PYTHON}): make verl-venv")
-    db, episodes, _hot = recorded
-    uneven = _episodes(episodes[("uneven", 0)], episodes[("uneven", 1)])
-    adv = ("--advantages", "grpo", "--scale-rewards", "none")
-    _ok(_export(db, tmp_path / "v.parquet", "verl", *adv, *uneven))
-    _ok(_export(db, tmp_path / "rows.jsonl", "jsonl", "--strategy", "prefix-merge", *adv, *uneven))
-    train = [sys.executable, "-m", "polarproxy", "train", "--data", str(tmp_path / "rows.jsonl")]
-    train += ["--model", str(tiny_model_dir), "--out", str(tmp_path / "pp"), "--steps", "1", "--lr", "0"]
-    train += ["--device", "cpu", "--rows-per-step", "2", "--loss-agg", "token-mean"]
-    res = subprocess.run(train, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert res.returncode == 0, res.stderr[-3000:]
-    from polarproxy.train.metrics import read_metrics
-
-    ours = read_metrics(tmp_path / "pp")[0]
+    ours = _uneven_first_step(recorded, "verl", tmp_path / "v.parquet", tiny_model_dir, tmp_path)
     script = Path(__file__).resolve().parent / "verl_policy_loss.py"
     res = subprocess.run(
         [str(VERL_PYTHON), str(script), str(tmp_path / "v.parquet"), str(tiny_model_dir)],
