@@ -29,11 +29,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def workspace(given: str | None) -> Path:
-    """`--workspace DIR`, else the current directory, but never the whole checkout."""
+    """`--workspace DIR`, else the current directory, but never the whole checkout (a folder whose
+    `examples/` is this one: run from the repository root, or a folder linking to its examples)."""
     if given:
         return Path(given)
-    cwd = Path.cwd().resolve()
-    return HERE / "workspace" if cwd == HERE.parent else cwd
+    cwd = Path.cwd()
+    return HERE / "workspace" if (cwd / "examples").resolve() == HERE else cwd
 
 
 def run_tool(name: str, arguments: str) -> str:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from polarproxy.commands.support import (
+    EPISODE_REF,
     DbOpt,
     JsonOpt,
     NothingRecorded,
@@ -19,9 +20,7 @@ from polarproxy.commands.support import (
 
 
 def audit(
-    episode: Annotated[
-        str | None, typer.Argument(help="Episode ID (or a unique prefix); all episodes when left off.")
-    ] = None,
+    episode: Annotated[str | None, typer.Argument(help=EPISODE_REF + "; all episodes when left off.")] = None,
     db: DbOpt = None,
     model: Annotated[
         Path | None,

@@ -68,7 +68,9 @@ def _delete(
 
 
 def rm(
-    episodes: Annotated[list[str], typer.Argument(help="Episode IDs (or unique prefixes).")],
+    episodes: Annotated[
+        list[str], typer.Argument(help="Episode IDs (or unique prefixes, or @N: the N-th latest).")
+    ],
     db: DbOpt = None,
     yes: YesOpt = False,
     force: Annotated[

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from polarproxy.commands.support import DbOpt, JsonOpt, fail, open_store, print_json, usage_fail
+from polarproxy.commands.support import DbOpt, EpisodeArg, JsonOpt, fail, open_store, print_json, usage_fail
 
 # Registered with context_settings={"ignore_unknown_options": True}, so that a negative VALUE (-1.0) is a
 # value, not an unknown option.
@@ -15,7 +15,7 @@ CONTEXT_SETTINGS = {"ignore_unknown_options": True}
 
 
 def reward(
-    episode: Annotated[str, typer.Argument(help="Episode ID (or a unique prefix).")],
+    episode: EpisodeArg,
     value: Annotated[str, typer.Argument(help="The reward, a number (e.g. 1.0, 0.25, -1).")],
     call: Annotated[
         int | None,

@@ -9,6 +9,7 @@ import typer
 
 from polarproxy.commands.support import (
     DbOpt,
+    EpisodeArg,
     JsonOpt,
     ModelOpt,
     NothingRecorded,
@@ -19,7 +20,7 @@ from polarproxy.commands.support import (
 
 
 def show(
-    episode: Annotated[str, typer.Argument(help="Episode ID (or a unique prefix).")],
+    episode: EpisodeArg,
     db: DbOpt = None,
     tokens: Annotated[
         bool,

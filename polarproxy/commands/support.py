@@ -20,6 +20,9 @@ DbOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+# How a command names an episode (store/episodes.py `get_episode` resolves it).
+EPISODE_REF = "Episode ID (or a unique prefix, or @1 for the latest, @2 the one before)"
+EpisodeArg = Annotated[str, typer.Argument(help=EPISODE_REF + ".")]
 ModelOpt = Annotated[
     Path | None,
     typer.Option("--model", envvar="POLARPROXY_MODEL", help="Model folder (tokenizer + chat template)."),

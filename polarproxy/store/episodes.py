@@ -4,6 +4,7 @@ gives it `_write` and `_read`). Also the ID lookup by unique prefix that calls s
 from __future__ import annotations
 
 import logging
+import re
 import time
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, get_args
@@ -51,6 +52,9 @@ def _insert_unless_exists(conn: Connection) -> Any:
 
         return sqlite_insert(E).on_conflict_do_nothing(index_elements=[E.c.id])
     return E.insert()
+
+
+_NEWEST = re.compile(r"^@(\d+)$")
 
 
 def _like_prefix(prefix: str) -> str:
@@ -146,11 +150,30 @@ class EpisodesMixin:
             return int(conn.execute(query).scalar_one())
 
     def get_episode(self, id_or_prefix: str) -> Episode:
-        """The episode with this ID, or whose ID alone starts with this prefix (`ep_` may be left off)."""
-        eid = self._resolve(E, id_or_prefix, EPISODE_PREFIX, "episode", "polarproxy ls")
+        """The episode with this ID, or whose ID alone starts with this prefix (`ep_` may be left off), or
+        `@N`: the N-th newest (`@1` the latest, as `polarproxy ls` lists them; `@` is never in an ID)."""
+        newest = _NEWEST.match(id_or_prefix.strip())
+        if newest:
+            eid = self._nth_newest(int(newest.group(1)))
+        else:
+            eid = self._resolve(E, id_or_prefix, EPISODE_PREFIX, "episode", "polarproxy ls")
         with self._read() as conn:
             row = conn.execute(self._episode_query().where(E.c.id == eid)).one()
         return self._episode(row)
+
+    def _nth_newest(self, n: int) -> str:
+        if n < 1:
+            raise NotFoundError(f"No episode @{n}: @1 is the latest episode, @2 the one before, and so on.")
+        query = select(E.c.id).order_by(E.c.started_at.desc(), E.c.id.desc()).offset(n - 1).limit(1)
+        with self._read() as conn:
+            eid = conn.execute(query).scalar()
+        if eid is None:
+            held = self.count_episodes()
+            raise NotFoundError(
+                f"No episode @{n}: the store holds {held} episode{'s' if held != 1 else ''}. "
+                "Run `polarproxy ls` to list them."
+            )
+        return str(eid)
 
     @staticmethod
     def _episode_query(*, counts: bool = True) -> Any:

@@ -289,6 +289,19 @@ def test_get_episode_by_unique_prefix_with_or_without_ep(store):
         store.get_episode("ep%")
 
 
+def test_get_episode_at_n_is_the_nth_newest(store):
+    ids = [store.create_episode(EpisodeStart(command=[str(i)])) for i in range(3)]
+    named = store.create_episode(EpisodeStart(command=[]), episode_id="aaa-user-named")
+    assert [store.get_episode(f"@{n}").id for n in (1, 2, 3, 4)] == [named, *ids[::-1]]
+    assert store.get_episode(" @2 ").id == ids[2]
+    with pytest.raises(NotFoundError, match=r"No episode @5: the store holds 4 episodes. Run `polarproxy ls`"):
+        store.get_episode("@5")
+    with pytest.raises(NotFoundError, match=r"No episode @0: @1 is the latest episode"):
+        store.get_episode("@0")
+    with pytest.raises(NotFoundError, match=r"No episode ID starts with '@x'"):
+        store.get_episode("@x")
+
+
 def test_list_episodes_newest_first_with_call_and_token_counts(store, call_start, ok_result):
     ids = [store.create_episode(EpisodeStart(command=[str(i)])) for i in range(3)]
     cid, _ = store.begin_call(call_start(ids[1], prompt_ids=[1, 2, 3]))
