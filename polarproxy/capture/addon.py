@@ -84,6 +84,8 @@ class Recorder:
         self.gateway = gateway
         self.writer = writer
         self.default_episode = default_episode
+        # what the default episode starts with when its first call creates it (`serve`); None: it exists
+        self.default_start: EpisodeStart | None = None
         self.model_name = model_name
         self._injected = gateway is not None
         self.responder: Responder | None = None
@@ -317,7 +319,10 @@ class Recorder:
             )
             flow.response = http.Response.make(400, dialect.error(400, message, "no_episode"), JSON_HEADERS)
             return
-        await self.writer.ensure_episode(episode, EpisodeStart(command=["serve"]))
+        named = episode != self.default_episode or self.default_start is None
+        await self.writer.ensure_episode(
+            episode, EpisodeStart(command=["serve"]) if named else self.default_start
+        )
         limit = self.gateway.options.max_body_bytes
         try:
             body: bytes | None = read_body(req.raw_content or b"", req.headers.get("content-encoding"), limit)

@@ -11,7 +11,8 @@ from pathlib import Path
 from polarproxy.capture.addon import Recorder
 from polarproxy.capture.gateway import Gateway
 from polarproxy.capture.mitm import RunningMitm, start_mitm
-from polarproxy.capture.stack import ProxyConfig, Stack, close_stack, create_episode
+from polarproxy.capture.stack import ProxyConfig, Stack, close_stack, episode_start
+from polarproxy.store.ids import new_episode_id
 
 
 @dataclass
@@ -73,12 +74,14 @@ async def serve_recorder(
 
 
 async def start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> tuple[str, RunningProxy]:
-    """Create the episode that calls without one go to, and start mitmproxy with the recorder (`serve`)."""
-    episode_id = await create_episode(stack, cfg, command)
+    """Name the episode that calls without one go to, and start mitmproxy with the recorder (`serve`). The
+    episode is created by its first call (`Recorder.default_start`): a serve nobody calls that way leaves no
+    empty episode behind."""
+    episode_id = new_episode_id()
     try:
         proxy = await serve_recorder(stack, episode_id, host=cfg.host, port=cfg.port)
     except BaseException:
-        await stack.writer.finish_episode(episode_id, status="failed", exit_code=None)
         await close_stack(stack)
         raise
+    proxy.recorder.default_start = episode_start(cfg, command)
     return episode_id, proxy

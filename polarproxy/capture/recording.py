@@ -65,13 +65,18 @@ async def create_recorded_episode(
     metadata: dict[str, str],
 ) -> str:
     """The episode a recording's calls go to (its command redacted, T5), in the current folder."""
-    return await writer.create_episode(
-        EpisodeStart(
-            command=redact_argv(command),  # T5: keys on the harness's command line are never stored
-            harness=harness,
-            cwd=os.getcwd(),
-            task=task,
-            group_id=group_id,
-            metadata=metadata,
-        )
+    return await writer.create_episode(recorded_episode_start(command, harness, task, group_id, metadata))
+
+
+def recorded_episode_start(
+    command: list[str], harness: str | None, task: str | None, group_id: str | None, metadata: dict[str, str]
+) -> EpisodeStart:
+    """What a recording's episode starts with: its command redacted (T5), the current folder."""
+    return EpisodeStart(
+        command=redact_argv(command),  # T5: keys on the harness's command line are never stored
+        harness=harness,
+        cwd=os.getcwd(),
+        task=task,
+        group_id=group_id,
+        metadata=metadata,
     )

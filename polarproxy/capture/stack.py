@@ -13,11 +13,12 @@ from polarproxy.backends.base import Backend, BackendError
 from polarproxy.backends.selection import SelectionError, make_backend, open_backend
 from polarproxy.capture.bodies import MAX_BODY_BYTES
 from polarproxy.capture.gateway import Gateway, GatewayOptions
-from polarproxy.capture.recording import create_recorded_episode, open_recording_store
+from polarproxy.capture.recording import open_recording_store, recorded_episode_start
 from polarproxy.errors import UsageError
 from polarproxy.render.prefix import CALLS_PER_EPISODE, Turn, turn_from_record
 from polarproxy.render.renderer import Renderer
 from polarproxy.store.errors import NotFoundError
+from polarproxy.store.records import EpisodeStart
 from polarproxy.store.store import Store
 from polarproxy.store.writer import StoreWriter
 
@@ -152,11 +153,9 @@ async def close_stack(stack: Stack) -> None:
 
 async def create_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> str:
     """The episode that calls without one go to."""
-    return await create_recorded_episode(
-        stack.writer,
-        command,
-        harness=cfg.harness,
-        task=cfg.task,
-        group_id=cfg.group_id,
-        metadata=dict(cfg.metadata),
-    )
+    return await stack.writer.create_episode(episode_start(cfg, command))
+
+
+def episode_start(cfg: ProxyConfig, command: list[str]) -> EpisodeStart:
+    """What the episode that calls without one go to starts with."""
+    return recorded_episode_start(command, cfg.harness, cfg.task, cfg.group_id, dict(cfg.metadata))

@@ -1,6 +1,6 @@
 """`polarproxy serve`: the gateway of many episodes, with the control API in front of the recorder.
 
-Calls without an episode go to one new episode; episodes created through the control API (control/api.py)
+Calls without an episode go to one new episode (created by the first of them); episodes created through the control API (control/api.py)
 are named by their API keys. At the end the running episodes are handed on to any other proxy on the same
 database.
 """
@@ -50,6 +50,7 @@ async def serve(
             await asyncio.to_thread(keys.detach, stack.store, stack.writer.identity.id)
         except StoreError as e:
             print(f"polarproxy: could not hand the running episodes on: {e}", file=sys.stderr)
-        await stack.writer.finish_episode(episode_id, status="ok", exit_code=None)
+        if stack.writer.knows_episode(episode_id):  # a call without an episode created it
+            await stack.writer.finish_episode(episode_id, status="ok", exit_code=None)
         await close_stack(stack)
     return episode_id

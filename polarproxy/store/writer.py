@@ -127,6 +127,10 @@ class StoreWriter:
     async def finish_episode(self, episode_id: str, *, status: str, exit_code: int | None) -> None:
         await self._submit(spool.op_finish_episode(episode_id, status, exit_code))
 
+    def knows_episode(self, episode_id: str) -> bool:
+        """Whether this writer created or ensured the episode."""
+        return episode_id in self._known_episodes
+
     async def ensure_episode(self, episode_id: str, start: EpisodeStart) -> None:
         """Create the episode a harness named unless this writer knows it; an ended one runs again."""
         if episode_id in self._known_episodes:

@@ -5,12 +5,14 @@ path routes refusing finished, foreign and malformed episodes."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 import pytest
 from serving import ServeThread, Stub
 
 from polarproxy.store import keys, maintenance
+from polarproxy.store.errors import NotFoundError
 from polarproxy.store.records import EpisodeStart
 from polarproxy.store.store import Store
 from polarproxy.store.writer import StoreWriter
@@ -138,13 +140,36 @@ def test_with_a_control_token_calls_need_a_live_episodes_key_and_refusals_write_
         episode = store.get_episode(eid)
         assert (episode.status, episode.reward, episode.task, episode.group_id) == ("ok", 1.0, "t1", "g1")
         assert [c.dialect for c in store.list_calls(eid)] == ["openai_chat", "anthropic", "gemini", "gemini"]
-        assert store.list_calls(s.default_episode) == []
+        with pytest.raises(NotFoundError):  # refused calls wrote nothing: not even the default episode
+            store.get_episode(s.default_episode)
     stored = b"".join(f.read_bytes() for f in tmp_path.glob("s.db*"))  # the database and its WAL
     assert eid.encode() in stored
     assert key.encode() not in stored  # only its hash is stored (T5)
     with Store.open(db) as store:  # a keyed episode deletes like any other: its key and its finish with it
         assert maintenance.delete_episodes(store, [eid]) == 4
         assert keys.lookup(store, key) is None
+
+
+def test_the_default_episode_is_made_by_its_first_call_and_a_serve_nobody_called_leaves_none(
+    serving, tmp_path
+):
+    idle = serving(db="idle.db")
+    idle.stop()
+    assert counts(tmp_path / "idle.db") == (0, 0)
+    s = serving()
+    with httpx.Client(timeout=30) as h:
+        assert h.post(f"{s.url}/v1/chat/completions", json=CHAT).status_code == 200
+        assert h.post(f"{s.url}/v1/chat/completions", json=CHAT).status_code == 200
+    s.stop()
+    with Store.open(tmp_path / "s.db") as store:
+        (episode,) = store.list_episodes(limit=None)
+    assert (episode.id, episode.command, episode.calls, episode.status) == (
+        s.default_episode,
+        ["serve"],
+        2,
+        "ok",
+    )
+    assert episode.cwd == os.getcwd()  # made with serve's own start (its folder), not a named episode's
 
 
 def test_without_a_token_the_header_route_refuses_bad_finished_and_foreign_episodes(serving, tmp_path):
@@ -231,7 +256,8 @@ def test_without_a_token_a_web_page_elsewhere_cannot_drive_serve(serving, tmp_pa
         assert h.post("/v1/chat/completions", json=CHAT).status_code == 200  # the harness's own call
         health = h.get("/health").json()
     assert health["refused"] == {"bad_host": 2, "unsupported_media_type": 2}
-    assert counts(db) == (before[0], before[1] + 1)  # the refusals wrote nothing
+    # the refusals wrote nothing; the harness's own call made the default episode (made by its first call)
+    assert counts(db) == (before[0] + 1, before[1] + 1)
 
 
 def test_serve_beyond_loopback_needs_a_control_token(tiny_model_dir, tmp_path):
@@ -293,6 +319,4 @@ def test_each_episode_carries_its_own_sampling_to_every_proxy_on_the_database(se
             and other.conversation["sent_sampling"]["chosen_by"]["temperature"] == "default"
         )
         assert store.get_episode(one["episode_id"]).metadata["sampling"] == sampled
-        assert (
-            len(store.list_episodes(limit=None)) == 2 + 2
-        )  # the two proxies' default episodes, and these two
+        assert len(store.list_episodes(limit=None)) == 2  # these two: no call made a default episode
