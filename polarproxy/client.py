@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -87,8 +87,21 @@ def _episode_body(
     return body
 
 
-def _finish_body(exit_code: int | None, reward: float | None) -> dict[str, Any]:
-    return {"exit_code": exit_code, "reward": reward}
+def _finish_body(exit_code: int | None, reward: float | None, graded: Graded | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"exit_code": exit_code, "reward": reward}
+    if graded is not None:
+        body.update({k: v for k, v in asdict(graded).items() if v is not None})
+    return body
+
+
+@dataclass(frozen=True)
+class Graded:
+    """What a verifier said besides the reward, stored with it by `finish_episode`: its note, the agent's
+    changes as a diff, and its per-test results (`{"tests": {ID: status}, "resolved", "parser"}`)."""
+
+    note: str | None = None
+    patch: str | None = None
+    grading: dict[str, Any] | None = None
 
 
 def _reward_body(reward: float, call: int | None) -> dict[str, Any]:
@@ -166,11 +179,16 @@ class Client:
         return _check(self._http.post(path, json=_reward_body(reward, call)))  # type: ignore[no-any-return]
 
     def finish_episode(
-        self, episode_id: str, *, exit_code: int | None = 0, reward: float | None = None
+        self,
+        episode_id: str,
+        *,
+        exit_code: int | None = 0,
+        reward: float | None = None,
+        graded: Graded | None = None,
     ) -> dict[str, Any]:
         """End the episode (status ok for exit code 0 or None, else failed), with its reward if given."""
         path = f"/polarproxy/v1/episodes/{episode_id}/finish"
-        return _check(self._http.post(path, json=_finish_body(exit_code, reward)))  # type: ignore[no-any-return]
+        return _check(self._http.post(path, json=_finish_body(exit_code, reward, graded)))  # type: ignore[no-any-return]
 
     def episodes(
         self,
@@ -269,10 +287,15 @@ class AsyncClient:
         return _check(await self._http.post(path, json=_reward_body(reward, call)))  # type: ignore[no-any-return]
 
     async def finish_episode(
-        self, episode_id: str, *, exit_code: int | None = 0, reward: float | None = None
+        self,
+        episode_id: str,
+        *,
+        exit_code: int | None = 0,
+        reward: float | None = None,
+        graded: Graded | None = None,
     ) -> dict[str, Any]:
         path = f"/polarproxy/v1/episodes/{episode_id}/finish"
-        return _check(await self._http.post(path, json=_finish_body(exit_code, reward)))  # type: ignore[no-any-return]
+        return _check(await self._http.post(path, json=_finish_body(exit_code, reward, graded)))  # type: ignore[no-any-return]
 
     async def episodes(
         self,

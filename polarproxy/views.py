@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from polarproxy.store.records import Call, Episode
+from polarproxy.store.records import Call, Episode, RewardRecord
 
 STATUS_STYLE = {
     "ok": "green",
@@ -174,6 +174,7 @@ def render_episode(
     only_call: int | None = None,
     full_prompts: bool = False,
     marks: bool = False,
+    rewards: list[RewardRecord] | None = None,
 ) -> None:
     """An episode for people: its calls (or call `only_call`), with tokens when asked. A call's tokens are
     shown from where the call it extends ends (`full_prompts`: every prompt token); `marks` brackets the
@@ -188,6 +189,8 @@ def render_episode(
         )
     )
     console.print(Text("$ " + " ".join(ep.command), style="dim"))
+    if rewards:
+        render_reward(console, rewards, full=full_prompts)
     seq_of = {c.id: c.seq for c in calls}
     by_id = {c.id: c for c in calls}
     for c in calls:
@@ -228,6 +231,68 @@ def render_episode(
                     Text(f"  ({skip} tokens of #{base.seq}'s prompt and output not shown)", style="dim")
                 )  # type: ignore[union-attr]
             console.print(token_text(c, decode, skip=skip, marks=marks))
+
+
+PASSING_TESTS = ("PASSED", "XFAIL")
+PATCH_LINES_SHOWN = 60  # of the agent's diff; `show --full` prints it all
+
+
+def render_reward(console: Console, rewards: list[RewardRecord], *, full: bool = False) -> None:
+    """The episode's reward as last set: where it came from, a grader's per-test results (the tests that did
+    not pass named), and the agent's changes as a diff (its head unless `full`)."""
+    mine = [r for r in rewards if r.call_seq is None]
+    if not mine:
+        return
+    r = mine[-1]
+    o = r.origin
+    origin = o.source + (f" `{' '.join(o.command)}`" if o.command else "")
+    origin += f" (exit {o.exit_code})" if o.exit_code is not None else ""
+    console.print(Text.assemble(("reward ", "bold"), _reward(r.reward), f"  from {origin}"))
+    if o.note:
+        console.print(Text(f"  {o.note}", style="dim"))
+    if o.grading:
+        tests: dict[str, str] = o.grading.get("tests") or {}
+        failing = {t: s for t, s in tests.items() if s not in PASSING_TESTS}
+        resolved = o.grading.get("resolved")
+        verdict = "resolved" if resolved else "not resolved" if resolved is False else ""
+        console.print(
+            Text(
+                f"  tests: {len(tests) - len(failing)} of {len(tests)} passed"
+                f"{', ' + verdict if verdict else ''} (parser: {o.grading.get('parser') or 'unknown'})",
+                style="green" if resolved else "yellow",
+            )
+        )
+        for test, status in list(failing.items())[:10]:
+            console.print(Text(f"    {status} {test}", style="red"))
+        if len(failing) > 10:
+            console.print(Text(f"    ... and {len(failing) - 10} more", style="dim"))
+    if o.patch:
+        lines = o.patch.splitlines()
+        shown = lines if full else lines[:PATCH_LINES_SHOWN]
+        console.print(Text(f"  the agent's changes ({len(lines)} diff lines):", style="bold"))
+        for line in shown:
+            style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
+            console.print(Text("    " + line, style=style))
+        if len(shown) < len(lines):
+            console.print(
+                Text(f"    ... {len(lines) - len(shown)} more lines (--full shows them)", style="dim")
+            )
+
+
+def reward_rows(rewards: list[RewardRecord]) -> list[dict[str, Any]]:
+    """Rewards as `show --json` prints them."""
+    return [
+        {
+            "call_seq": r.call_seq,
+            "reward": r.reward,
+            "created_at": r.created_at,
+            **{
+                k: getattr(r.origin, k)
+                for k in ("source", "command", "exit_code", "note", "patch", "grading")
+            },
+        }
+        for r in rewards
+    ]
 
 
 TRAINABLE_OPEN, TRAINABLE_CLOSE = "⟦", "⟧"  # around sampled tokens when colour is lost (pipes)

@@ -32,6 +32,34 @@ def test_show_call_n_shows_only_that_call_and_json_keeps_it_whole(recorded):
     assert [c["id"] for c in calls] == [ids[1]] and len(calls[0]["prompt_ids"]) == 20 + 3 + 4
 
 
+def test_show_prints_the_reward_with_the_graders_tests_and_the_agents_diff(recorded):
+    from polarproxy.store.records import RewardOrigin
+
+    db, ep, _ = recorded
+    patch = "".join(f"diff --git a/f{i}.py b/f{i}.py\n-old\n+new\n" for i in range(30))  # 90 lines
+    grading = {"resolved": False, "parser": "pytest -rA", "tests": {"t::a": "PASSED", "t::b": "FAILED"}}
+    with Store.open(db) as store:
+        store.set_rewards(
+            ep,
+            episode=0.0,
+            origin=RewardOrigin(
+                source="command", command=["python3", "grade.py"], exit_code=1, patch=patch, grading=grading
+            ),
+        )
+    r = CliRunner().invoke(app, ["show", ep, "--db", db])
+    assert r.exit_code == 0, r.output
+    assert "reward 0  from command `python3 grade.py` (exit 1)" in r.stdout
+    assert "tests: 1 of 2 passed, not resolved (parser: pytest -rA)" in r.stdout and "FAILED t::b" in r.stdout
+    assert (
+        "the agent's changes (90 diff lines):" in r.stdout
+        and "... 30 more lines (--full shows them)" in r.stdout
+    )
+    assert "+new" in r.stdout and "diff --git a/f29.py" not in r.stdout
+    assert "diff --git a/f29.py" in CliRunner().invoke(app, ["show", ep, "--db", db, "--full"]).stdout
+    shown = json.loads(CliRunner().invoke(app, ["show", ep, "--db", db, "--json"]).stdout)["rewards"]
+    assert [(x["reward"], x["patch"], x["grading"]) for x in shown] == [(0.0, patch, grading)]
+
+
 def test_show_call_out_of_range_names_the_range(recorded):
     db, ep, _ = recorded
     r = CliRunner().invoke(app, ["show", ep, "--db", db, "--call", "7"])

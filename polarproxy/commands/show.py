@@ -28,14 +28,18 @@ def show(
     ] = False,
     call: Annotated[int | None, typer.Option("--call", help="Only call N (the #N that show prints).")] = None,
     full: Annotated[
-        bool, typer.Option("--full", help="With --tokens: every prompt token, not only each call's new ones.")
+        bool,
+        typer.Option(
+            "--full",
+            help="The agent's whole diff, and with --tokens every prompt token, not only each call's new ones.",
+        ),
     ] = False,
     model: ModelOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Show an episode's calls: messages, token counts, finish reasons, errors."""
     from polarproxy.store.errors import StoreError
-    from polarproxy.views import call_rows, render_episode
+    from polarproxy.views import call_rows, render_episode, reward_rows
 
     try:
         store = open_store(db, create=False)
@@ -49,6 +53,7 @@ def show(
     except StoreError as e:
         fail(str(e), "List episodes with `polarproxy ls`.")
     calls = store.list_calls(ep.id)
+    rewards = store.list_rewards(ep.id)
     if call is not None and all(c.seq != call for c in calls):
         fail(
             f"Episode {ep.id} has no call #{call}.",
@@ -58,7 +63,13 @@ def show(
         calls = [c for c in calls if call is None or c.seq == call]
         from dataclasses import asdict
 
-        print_json({"episode": asdict(ep), "calls": call_rows(calls, with_tokens=tokens)})
+        print_json(
+            {
+                "episode": asdict(ep),
+                "calls": call_rows(calls, with_tokens=tokens),
+                "rewards": reward_rows(rewards),
+            }
+        )
         return
     decode = None
     if tokens:
@@ -80,4 +91,5 @@ def show(
         only_call=call,
         full_prompts=full,
         marks=not sys.stdout.isatty(),
+        rewards=rewards,
     )

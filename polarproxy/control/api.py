@@ -58,6 +58,7 @@ from polarproxy.store import keys
 from polarproxy.store.ids import EPISODE_ID, EPISODE_ID_RULE
 from polarproxy.store.query import EpisodeQuery
 from polarproxy.store.records import EpisodeStart
+from polarproxy.store.rewards import valid_grading
 
 if TYPE_CHECKING:
     from mitmproxy import http
@@ -381,8 +382,16 @@ class Control:
         _json(flow, 200, {"episodes": [asdict(e) for e in episodes]})
 
     async def _finish(self, flow: http.HTTPFlow, episode_id: str) -> None:
-        body = _body(flow, {"exit_code", "reward"})
+        body = _body(flow, {"exit_code", "reward", "note", "patch", "grading"})
         exit_code, reward = body.get("exit_code"), body.get("reward")
+        note, patch, grading = body.get("note"), body.get("patch"), body.get("grading")
+        for name, value in (("note", note), ("patch", patch)):
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"'{name}' must be a string, got {type(value).__name__}.")
+        if grading is not None and valid_grading(grading) is None:
+            raise BadRequest(
+                '\'grading\' must be an object {"tests": {test ID: status}, "resolved": bool, "parser": str}.'
+            )
         if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
             raise BadRequest(f"'exit_code' must be an integer, got {exit_code!r}.")
         if reward is not None and (
@@ -402,9 +411,10 @@ class Control:
         self._sampling.pop(episode_id, None)
         try:
             if reward is not None:
-                await self.writer.set_rewards(
-                    episode_id, episode=float(reward), origin=RewardOrigin(source="http", note="finish")
+                origin = RewardOrigin(
+                    source="http", note=note or "finish", patch=patch, grading=valid_grading(grading)
                 )
+                await self.writer.set_rewards(episode_id, episode=float(reward), origin=origin)
             status = "ok" if exit_code in (None, 0) else "failed"
             await self.writer.finish_episode(episode_id, status=status, exit_code=exit_code)
             seq = await asyncio.to_thread(keys.record_finish, self.store, episode_id)

@@ -23,12 +23,14 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
 from polarproxy.choices import REWARD_FROM, RewardFrom
 from polarproxy.rewards.redact import redact_command, redact_output
 from polarproxy.store.records import RewardOrigin
+from polarproxy.store.rewards import valid_grading
 
 DEFAULT_TIMEOUT_S = 600.0
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL to the verifier's process group
@@ -74,6 +76,8 @@ class VerifierResult:
     note: str | None = None
     duration_s: float = 0.0
     command: list[str] = field(default_factory=list)  # redacted
+    patch: str | None = None  # the agent's changes, where the task grades from them (rollout)
+    grading: dict[str, Any] | None = None  # a grader's per-test results: its last line (`grading_of`)
 
     def origin(self) -> RewardOrigin:
         return RewardOrigin(
@@ -82,6 +86,8 @@ class VerifierResult:
             exit_code=self.exit_code,
             output_tail=self.output_tail,
             note=self.note,
+            patch=self.patch,
+            grading=self.grading,
         )
 
 
@@ -129,6 +135,22 @@ def parse_reward_output(stdout: str) -> tuple[float | None, bool, dict[int, floa
             raise RewardParseError(f"{last[:200]!r} names no reward and no calls")
         return None, False, calls
     return _finite(value["reward"], "the reward"), True, calls
+
+
+MAX_GRADING_LINE = 4 << 20
+
+
+def grading_of(stdout: bytes) -> dict[str, Any] | None:
+    """A grader's per-test results: its last stdout line when that is a JSON object whose `tests` maps test
+    IDs to statuses (rollout/swebench_grade.py prints `{"resolved", "parser", "tests"}`), else None. Kept for
+    people (`show`, the viewer); the reward still comes from the exit code or the reward line."""
+    last = stdout.rstrip().rpartition(b"\n")[2].strip()
+    if not last.startswith(b"{") or len(last) > MAX_GRADING_LINE:
+        return None
+    try:
+        return valid_grading(orjson.loads(last))
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _tail(data: bytes) -> str:
@@ -204,6 +226,7 @@ def run_verifier(
         output_tail=tail,
         duration_s=duration,
         command=command,
+        grading=None if timed_out else grading_of(out),
     )
     if timed_out:
         result.reward = 0.0

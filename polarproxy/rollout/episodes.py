@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polarproxy.client import EpisodeHandle
+from polarproxy.client import EpisodeHandle, Graded
 from polarproxy.errors import UsageError
 from polarproxy.rewards.verifier import VerifierResult
 
@@ -122,11 +122,12 @@ class ControlEpisodes:
                 self._do(self.client.reward, episode_id, value, call=seq)
 
     def end(self, episode_id: str, *, exit_code: int, result: VerifierResult | None) -> None:
-        reward = None
+        reward, graded = None, None
         if result is not None:
             self._store_result(episode_id, result)
             reward = result.reward if result.set_episode else None
-        self._do(self.client.finish_episode, episode_id, exit_code=exit_code, reward=reward)
+            graded = Graded(note=result.note, patch=result.patch, grading=result.grading)
+        self._do(self.client.finish_episode, episode_id, exit_code=exit_code, reward=reward, graded=graded)
 
     def calls_made(self, episode_id: str, group: str) -> int:
         for e in self._do(self.client.episodes, group=group, limit=PRIOR_LIMIT):

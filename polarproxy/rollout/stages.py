@@ -28,8 +28,10 @@ from typing import Any
 
 from polarproxy.client import EpisodeHandle
 from polarproxy.harness.env import harness_env
+from polarproxy.rewards.redact import redact_output
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
 from polarproxy.rollout.agent_changes import apply_agent_changes
+from polarproxy.rollout.agent_patch import agent_patch
 from polarproxy.rollout.copying import WorkspaceTooLarge, copy_workspace
 from polarproxy.rollout.episodes import Episodes, LocalGateway
 from polarproxy.rollout.host_relay import HostRelay
@@ -303,7 +305,7 @@ def evaluate(job: Job, s: Settings) -> None:
     for path in (fresh, home):
         if path.exists():
             shutil.rmtree(path)
-    changes = None
+    changes, patch = None, None
     try:
         if (
             job.task.grade_from == "patch"
@@ -313,6 +315,7 @@ def evaluate(job: Job, s: Settings) -> None:
             copied = copy_workspace(job.workspace, agent_copy, max_bytes=s.max_workspace_bytes)
             copy_workspace(job.task.workspace, fresh, max_bytes=None)  # the baseline: the task's, trusted
             changes = apply_agent_changes(job.task.workspace, agent_copy, fresh)
+            patch = redact_output(agent_patch(job.task.workspace, agent_copy, changes))
             shutil.rmtree(agent_copy, ignore_errors=True)
         else:
             copied = copy_workspace(job.workspace, fresh, max_bytes=s.max_workspace_bytes)
@@ -360,6 +363,7 @@ def evaluate(job: Job, s: Settings) -> None:
         result.note = f"{result.note}; not copied for grading: {skipped}"
     if changes is not None:
         result.note = f"{result.note}; {changes.note()}"
+        result.patch = patch
     if job.limit_hit:  # the agent's doing: graded as it left things, and said
         result.note = f"{result.note}; the harness ran over {job.limit_hit}"
     job.reward, job.reward_note = result.reward, result.note

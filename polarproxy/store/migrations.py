@@ -268,3 +268,11 @@ def m008_top_p_top_k(conn: Connection) -> None:
     the untruncated one: export rows flag them)."""
     conn.execute(text("ALTER TABLE calls ADD COLUMN top_p FLOAT"))
     conn.execute(text("ALTER TABLE calls ADD COLUMN top_k INTEGER"))
+
+
+@migration
+def m009_reward_grading(conn: Connection) -> None:
+    """Issue 43 (SWE-bench grading): with each reward, the agent's changes as a diff and the grader's
+    per-test results (NULL for rewards set otherwise, and for older ones)."""
+    conn.execute(text("ALTER TABLE rewards ADD COLUMN patch TEXT"))
+    conn.execute(text("ALTER TABLE rewards ADD COLUMN grading_json TEXT"))

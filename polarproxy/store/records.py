@@ -191,13 +191,17 @@ class Call:
 @dataclass(slots=True)
 class RewardOrigin:
     """Where a reward came from. `command` is the verifier's command line (already redacted), `exit_code`
-    and `output_tail` what it did; `note` says anything else (a timeout, an unreadable output)."""
+    and `output_tail` what it did; `note` says anything else (a timeout, an unreadable output). A graded
+    task adds the agent's changes as a diff (`patch`, bounded: rollout/agent_patch.py) and what the grader
+    found (`grading`: `{"resolved", "parser", "tests": {test ID: status}}`, the grader's last line)."""
 
     source: RewardSource
     command: list[str] | None = None
     exit_code: int | None = None
     output_tail: str | None = None
     note: str | None = None
+    patch: str | None = None
+    grading: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import get_args
+from typing import Any, get_args
 
 import orjson
 from sqlalchemy import Connection, func, select
@@ -31,6 +31,47 @@ class _Keep:
 
 
 KEEP = _Keep()
+
+
+MAX_PATCH_CHARS = 256_000  # a diff longer than this keeps its head and says how much was cut
+MAX_GRADING_TESTS = 5_000  # per-test results kept with a reward; the rest are counted
+
+
+def bounded_patch(patch: str | None) -> str | None:
+    if patch is None or len(patch) <= MAX_PATCH_CHARS:
+        return patch
+    return (
+        patch[:MAX_PATCH_CHARS]
+        + f"\n[patch cut: {len(patch) - MAX_PATCH_CHARS} more characters not stored]\n"
+    )
+
+
+def valid_grading(value: object) -> dict[str, Any] | None:
+    """`{"tests": {test ID: status}, "resolved": bool, "parser": str}` (the last two optional) taken from a
+    grader's output or a request, or None when `value` is not of that shape."""
+    if not isinstance(value, dict):
+        return None
+    tests = value.get("tests")
+    if not isinstance(tests, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tests.items()
+    ):
+        return None
+    out: dict[str, Any] = {"tests": tests}
+    if isinstance(value.get("resolved"), bool):
+        out["resolved"] = value["resolved"]
+    if isinstance(value.get("parser"), str):
+        out["parser"] = value["parser"]
+    return out
+
+
+def grading_json(grading: Mapping[str, Any]) -> str:
+    """The grader's results as stored: at most MAX_GRADING_TESTS tests (the count of the rest kept)."""
+    kept = dict(grading)
+    tests = kept.get("tests")
+    if isinstance(tests, dict) and len(tests) > MAX_GRADING_TESTS:
+        kept["tests"] = dict(list(tests.items())[:MAX_GRADING_TESTS])
+        kept["tests_not_stored"] = len(tests) - MAX_GRADING_TESTS
+    return orjson.dumps(kept).decode()
 
 
 def _reward_value(value: float | None) -> float | None:
@@ -129,6 +170,8 @@ class RewardsMixin:
                         output_tail=storable(origin.output_tail, self.dialect),
                         note=storable(origin.note, self.dialect),
                         created_at=now,
+                        patch=storable(bounded_patch(origin.patch), self.dialect),
+                        grading_json=None if origin.grading is None else grading_json(origin.grading),
                     )
                 )
                 out.append(
@@ -152,6 +195,8 @@ class RewardsMixin:
                     exit_code=r.exit_code,
                     output_tail=r.output_tail,
                     note=r.note,
+                    patch=r.patch,
+                    grading=None if r.grading_json is None else orjson.loads(r.grading_json),
                 ),
                 created_at=r.created_at,
             )

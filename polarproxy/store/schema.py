@@ -140,6 +140,8 @@ rewards = Table(
     Column("output_tail", Text),
     Column("note", Text),
     Column("created_at", Float, nullable=False),
+    Column("patch", Text),  # m009: the agent's changes as a diff (graded tasks)
+    Column("grading_json", Text),  # m009: the grader's per-test results
     Index("ix_rewards_episode", "episode_id"),
 )
 

@@ -91,6 +91,8 @@ def _reward_record(r: Any) -> dict[str, Any]:
         "output_tail": o.output_tail,
         "note": o.note,
         "created_at": r.created_at,
+        "patch": o.patch,
+        "grading": o.grading,
     }
 
 

@@ -149,10 +149,32 @@ def test_grading_from_the_patch_applies_the_agents_changes_to_a_clean_copy_less_
             "mkdir __pycache__ && touch __pycache__/m.pyc && mkdir .codex && echo s > .codex/state",
         ]
     )
-    jobs = Rollout(Plan(load_tasks(path), 1, 1), _settings(MemoryEpisodes(), agent)).run()
+    episodes = MemoryEpisodes()
+    jobs = Rollout(Plan(load_tasks(path), 1, 1), _settings(episodes, agent)).run()
     assert [j.reward for j in jobs] == [1.0], [j.reward_note for j in jobs]
     note = jobs[0].reward_note
     assert "3 file(s) changed, 2 deleted" in note and "1 cache, 1 harness, 1 steers-tests" in note, note
+    # stored with the reward: what was applied, as a diff (binary files named, the rename a delete and an add)
+    (result,) = episodes.rewards[jobs[0].episode.episode_id]
+    heads = [
+        line
+        for line in result.patch.splitlines()
+        if line.startswith(("diff ", "new ", "deleted ", "Binary "))
+    ]
+    assert heads == [
+        "diff --git a/answer b/answer",
+        "new file",
+        "diff --git a/bin.dat b/bin.dat",
+        "new file",
+        "Binary files /dev/null and b/bin.dat differ (b: binary)",
+        "diff --git a/f.txt b/f.txt",
+        "deleted file",
+        "diff --git a/pkg/mod.py b/pkg/mod.py",
+        "deleted file",
+        "diff --git a/pkg/renamed.py b/pkg/renamed.py",
+        "new file",
+    ], result.patch
+    assert "+solved\n" in result.patch and "-x = 1\n" in result.patch
     # the same agent editing pyproject's pytest section: that file is left out whole
     (tmp_path / "ws2").mkdir()
     for f in ("f.txt", "pyproject.toml"):

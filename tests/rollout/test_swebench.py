@@ -100,16 +100,31 @@ def test_instances_become_tasks_graded_as_swebench_grades(instance) -> None:
         "cheat": "printf 'def test_add():\\n    pass\\n' >> tests/test_calc.py && "
         "printf 'import pytest\\n@pytest.hookimpl(tryfirst=True)\\ndef pytest_runtest_call(item):\\n    pass\\n' > conftest.py",
     }
-    rewards = {}
+    rewards, results = {}, {}
     for name, command in agents.items():
-        jobs = Rollout(Plan([task], 1, 1), _settings(Episodes(), command)).run()
+        episodes = Episodes()
+        jobs = Rollout(Plan([task], 1, 1), _settings(episodes, command)).run()
         rewards[name] = (jobs[0].reward, jobs[0].reward_note)
+        (results[name],) = episodes.rewards[jobs[0].episode.episode_id]
     assert rewards["fix-add"][0] == 1.0, rewards["fix-add"]
     assert rewards["fix"][0] == 0.0  # test_sub (PASS_TO_PASS) broke
     assert rewards["nothing"][0] == 0.0
     assert rewards["cheat"][0] == 0.0 and "1 steers-tests (conftest.py)" in rewards["cheat"][1], rewards[
         "cheat"
     ]
+    # with each reward: the agent's changes as a diff, and the grader's per-test results
+    fixed = results["fix-add"]
+    assert fixed.grading == {
+        "resolved": True,
+        "parser": "pytest -rA",
+        "tests": {"tests/test_calc.py::test_add": "PASSED", "tests/test_calc.py::test_sub": "PASSED"},
+    }
+    assert fixed.patch.startswith("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n")
+    assert "-    return a - b\n+    return a + b\n" in fixed.patch
+    assert results["fix"].grading["tests"]["tests/test_calc.py::test_sub"] == "FAILED"
+    assert results["nothing"].patch == "" and results["nothing"].grading["resolved"] is False
+    cheat = results["cheat"]  # the test edit is graded (and reset by the grader); conftest.py left out
+    assert "diff --git a/tests/test_calc.py" in cheat.patch and "conftest.py" not in cheat.patch
 
 
 def test_a_bad_source_is_an_error_naming_the_row_and_runs_nothing(instance, tmp_path: Path) -> None:

@@ -175,3 +175,26 @@ def test_upgrade_from_m004_keeps_rows_and_adds_rewards_and_sampling(
         assert (seq, new.temperature, new.mixed_weight_versions) == (1, 0.9, True)
     with Store.open(store_url) as again:
         assert mig.migrate(again.engine) == []
+
+
+def test_a_graded_reward_keeps_the_agents_diff_and_the_tests_bounded(store, episode):
+    from polarproxy.store.rewards import MAX_GRADING_TESTS, MAX_PATCH_CHARS
+
+    tests = {f"tests/test_x.py::test_{i}": "PASSED" for i in range(MAX_GRADING_TESTS + 3)}
+    grading = {"resolved": True, "parser": "pytest -rA", "tests": tests}
+    patch = "diff --git a/x b/x\n+\u00e9\x00\n" + "+" * MAX_PATCH_CHARS
+    store.set_rewards(
+        episode, episode=1.0, origin=RewardOrigin(source="command", patch=patch, grading=grading)
+    )
+    (r,) = store.list_rewards(episode)
+    kept = r.origin.grading
+    assert kept["resolved"] is True and kept["parser"] == "pytest -rA" and kept["tests_not_stored"] == 3
+    assert list(kept["tests"]) == list(tests)[:MAX_GRADING_TESTS]
+    assert r.origin.patch.startswith("diff --git a/x b/x\n+\u00e9") and r.origin.patch.endswith(
+        f"[patch cut: {len(patch) - MAX_PATCH_CHARS} more characters not stored]\n"
+    )
+    store.set_reward(episode, 0.0)  # a reward set by hand has neither
+    assert (store.list_rewards(episode)[-1].origin.patch, store.list_rewards(episode)[-1].origin.grading) == (
+        None,
+        None,
+    )

@@ -18,6 +18,14 @@ from polarproxy.conversation import Conversation, Message, Tool
 from polarproxy.store import CallResult, CallStart, Store
 from polarproxy.store.records import EpisodeStart, RewardOrigin
 
+# what a graded task stores with the main episode's reward: the agent's diff and the grader's tests
+PATCH = "diff --git a/app.py b/app.py\n--- a/app.py\n+++ b/app.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+GRADING = {
+    "resolved": False,
+    "parser": "pytest -rA",
+    "tests": {"tests/test_app.py::test_x": "PASSED", "tests/test_app.py::test_y": "FAILED"},
+}
+
 CHROMIUM = os.environ.get("POLARPROXY_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -133,7 +141,14 @@ def build_store(db: Path, model_dir: Path, metrics_dir: Path) -> Built:
     store.set_reward(
         main,
         1.0,
-        origin=RewardOrigin(source="command", command=["pytest", "-q"], exit_code=0, output_tail="1 passed"),
+        origin=RewardOrigin(
+            source="command",
+            command=["pytest", "-q"],
+            exit_code=0,
+            output_tail="1 passed",
+            patch=PATCH,
+            grading=GRADING,
+        ),
     )
     built.group_g1.append(main)
 

@@ -532,6 +532,31 @@
     return h("div", null, h("h1", null, "Episodes"), filters, count, tbl);
   }
 
+  // A grader's per-test results (rollout's SWE-bench grading): the tests that did not pass first.
+  function gradingView(g) {
+    const tests = Object.entries(g.tests || {});
+    const passing = (s) => s === "PASSED" || s === "XFAIL";
+    tests.sort((a, b) => Number(passing(a[1])) - Number(passing(b[1])));
+    const passed = tests.filter(([, s]) => passing(s)).length;
+    const verdict = g.resolved === true ? "resolved" : g.resolved === false ? "not resolved" : "";
+    return h(
+      "div",
+      { id: "ep-grading" },
+      h("h2", null, "Tests: " + passed + " of " + tests.length + " passed" + (verdict ? ", " + verdict : "")),
+      h("p", { class: "note" }, "parser: " + (g.parser || "unknown")),
+      table(["test", "status"], tests.map(([t, s]) => ({ cells: [h("code", null, t), h("span", { class: passing(s) ? "status-ok" : "status-failed" }, s)] }))),
+    );
+  }
+
+  function diffView(patch) {
+    const pre = h("pre", { class: "diff" });
+    patch.replace(/\n$/, "").split("\n").forEach((line) => {
+      const cls = line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : line.startsWith("diff ") ? "file" : null;
+      pre.append(h("span", cls ? { class: cls } : null, line + "\n"));
+    });
+    return pre;
+  }
+
   async function viewEpisode(id) {
     const d = await api("/api/episode/" + id);
     const ep = d.episode;
@@ -561,6 +586,8 @@
       ]),
     );
     if (last && last.output_tail) out.append(h("details", null, h("summary", null, "verifier output (tail)"), h("pre", null, last.output_tail)));
+    if (last && last.grading) out.append(gradingView(last.grading));
+    if (last && last.patch) out.append(h("details", { id: "ep-patch" }, h("summary", null, "the agent's changes (" + last.patch.replace(/\n$/, "").split("\n").length + " diff lines)"), diffView(last.patch)));
     out.append(
       h("p", { class: "links" }, link("#/tree/" + ep.id, "prefix-merge tree"), link("#/audit/" + ep.id, "drift audit"), ep.group_id || ep.task ? link("#/groups", "group table") : null),
     );
