@@ -18,6 +18,14 @@ A script file (YAML or JSON):
                                   # have no tools, e.g. Aider, whose edits are text in the reply)
     side_when: ["commit message"] # with `no_tools: steps`: calls without tools whose prompt holds one
                                   # of these are side requests and get `side_answer`
+    cases:                        # optional: other steps for some calls; the first case that matches wins
+      - when: {prompt: "add() subtracts", tool: Bash}   # every condition given must hold: the prompt
+        steps: [...]              # holds the text; the tools offered include one of this name
+        final: "Could not fix it."                      # optional (default: the script's `final`)
+
+Cases let one script play a different policy per task (a text of its prompt) and per harness (the name of
+a tool only that harness offers: Codex `exec_command`, Claude Code `Bash`, Qwen Code `run_shell_command`),
+so that one policy solves some tasks under one harness and fails them under another.
 
 Which step a call gets is read from its prompt, so the backend keeps no state and concurrent episodes
 do not interfere: it is the number of assistant turns since the last user message that is not a tool
@@ -45,7 +53,8 @@ USER = "<|im_start|>user\n"
 TOOL_RESPONSE = "<tool_response>"
 TOOLS_MARK = "</tools>"
 THINK_END = "</think>"
-FIELDS = ("steps", "side_answer", "final", "no_tools", "side_when")
+FIELDS = ("steps", "side_answer", "final", "no_tools", "side_when", "cases")
+WHEN = ("prompt", "tool")
 NO_TOOLS = ("side", "steps")
 
 
@@ -69,6 +78,26 @@ class Step:
         return family.write(self.content, list(self.calls), self.reasoning)
 
 
+def offers_tool(prompt_text: str, name: str) -> bool:
+    """Whether a rendered prompt's tool definitions name a tool `name` (as JSON, or as Qwen3-Coder's XML)."""
+    return any(form in prompt_text for form in (f'"{name}"', f"<name>{name}</name>", f"<function={name}>"))
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """Steps for the calls whose prompt holds `prompt` and offers a tool named `tool` (each when given)."""
+
+    steps: tuple[Step, ...]
+    final: str | None = None
+    prompt: str | None = None
+    tool: str | None = None
+
+    def matches(self, prompt_text: str) -> bool:
+        return (self.prompt is None or self.prompt in prompt_text) and (
+            self.tool is None or offers_tool(prompt_text, self.tool)
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Script:
     steps: tuple[Step, ...]
@@ -77,6 +106,7 @@ class Script:
     no_tools: str = "side"
     side_when: tuple[str, ...] = ()
     source: str = ""
+    cases: tuple[Case, ...] = ()
     _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
@@ -135,6 +165,7 @@ class Script:
             no_tools=no_tools,
             side_when=tuple(side_when),
             source=source,
+            cases=_cases(data.get("cases", []), source),
         )
 
     def reply_for(self, prompt_text: str, family: Family | None = None) -> str:
@@ -142,13 +173,16 @@ class Script:
         prompt."""
         if family is None:
             family = HERMES_THINK
+        case = next((c for c in self.cases if c.matches(prompt_text)), None)
+        steps = case.steps if case is not None else self.steps
+        final = case.final if case is not None and case.final is not None else self.final
         if family.tools_marker not in prompt_text:
             if self.no_tools == "side" or any(m in prompt_text for m in self.side_when):
                 return self.side_answer
-            index = steps_in_history(prompt_text, self.steps, family)
+            index = steps_in_history(prompt_text, steps, family)
         else:
             index = family.step_index(prompt_text)
-        return self.steps[index].for_family(family) if index < len(self.steps) else self.final
+        return steps[index].for_family(family) if index < len(steps) else final
 
 
 HERMES_THINK = replace(HERMES, reasoning=True)  # the tiny template's format
@@ -180,8 +214,40 @@ def step_index(prompt_text: str) -> int:
     return max(turns - 1, 0)
 
 
-def _step(raw: Any, i: int, source: str) -> Step:
-    where = f"Script '{source}': steps[{i}]"
+def _cases(raw: Any, source: str) -> tuple[Case, ...]:
+    if not isinstance(raw, list):
+        raise ScriptError(f"Script '{source}': 'cases' must be a list of {{when, steps, final}} mappings.")
+    out = []
+    for i, case in enumerate(raw):
+        where = f"Script '{source}': cases[{i}]"
+        if not isinstance(case, dict) or set(case) - {"when", "steps", "final"}:
+            raise ScriptError(f"{where} must be a mapping of 'when', 'steps' and optionally 'final'.")
+        when = case.get("when")
+        if not isinstance(when, dict) or not when or set(when) - set(WHEN):
+            raise ScriptError(
+                f"{where}.when must give 'prompt' (a text of the prompt), 'tool' (a tool name) or both."
+            )
+        if not all(isinstance(v, str) and v for v in when.values()):
+            raise ScriptError(f"{where}.when: 'prompt' and 'tool' must be non-empty strings.")
+        steps = case.get("steps")
+        if not isinstance(steps, list) or not steps:
+            raise ScriptError(f"{where}.steps must be a non-empty list.")
+        final = case.get("final")
+        if final is not None and not isinstance(final, str):
+            raise ScriptError(f"{where}.final must be a string.")
+        out.append(
+            Case(
+                steps=tuple(_step(s, j, source, f"cases[{i}].steps") for j, s in enumerate(steps)),
+                final=final,
+                prompt=when.get("prompt"),
+                tool=when.get("tool"),
+            )
+        )
+    return tuple(out)
+
+
+def _step(raw: Any, i: int, source: str, at: str = "steps") -> Step:
+    where = f"Script '{source}': {at}[{i}]"
     if isinstance(raw, str):
         return Step(text=raw)
     if not isinstance(raw, dict):

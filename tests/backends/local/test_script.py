@@ -50,6 +50,35 @@ def test_steps_follow_the_assistant_turns_since_the_last_user_message(tiny_model
     assert script.reply_for(r.render(conv(1, tools=False)).text) == "A title"
 
 
+def test_cases_choose_other_steps_by_a_text_of_the_prompt_and_a_tool_name(tiny_model_dir):
+    r = Renderer(tiny_model_dir)
+    script = Script.from_data(
+        {
+            **SCRIPT,
+            "cases": [
+                {
+                    "when": {"prompt": "task two", "tool": "read"},
+                    "steps": ["Two with read."],
+                    "final": "End 2.",
+                },
+                {"when": {"tool": "edit"}, "steps": ["Edit harness."]},
+            ],
+        }
+    )
+
+    def reply(user: str, tools: list[Tool], steps_done: int = 0) -> str:
+        c = conv(steps_done)
+        c.messages[1] = Message(role="user", content=user)
+        return script.reply_for(r.render(Conversation(messages=c.messages, tools=tools)).text)
+
+    edit = [Tool(name="edit", parameters={"type": "object"})]
+    assert reply("task two", TOOLS) == "Two with read."
+    assert reply("task two", TOOLS, 1) == "End 2."  # the case's own final
+    assert reply("task one", TOOLS).startswith("<think>\nLook first.")  # no case: the script's steps
+    assert reply("task two", edit) == reply("task one", edit) == "Edit harness."
+    assert reply("task one", edit, 1) == "Nothing more."  # the script's final
+
+
 def test_scripted_answers_carry_the_models_own_logprobs(tiny_model_dir):
     r = Renderer(tiny_model_dir)
     runner = ModelRunner(tiny_model_dir)
@@ -86,6 +115,11 @@ def test_scripted_answers_carry_the_models_own_logprobs(tiny_model_dir):
         ({"steps": [{"tool_calls": [{"arguments": {}}]}]}, "steps[0].tool_calls[0] needs a string 'name'"),
         ({"steps": [{"raw": "x", "text": "y"}]}, "'raw' must be a string and stand alone"),
         ({"steps": [{}]}, "steps[0] is empty"),
+        ({"steps": ["x"], "cases": {}}, "'cases' must be a list"),
+        ({"steps": ["x"], "cases": [{"when": {"tools": "Bash"}, "steps": ["y"]}]}, "cases[0].when must give"),
+        ({"steps": ["x"], "cases": [{"when": {"tool": ""}, "steps": ["y"]}]}, "must be non-empty strings"),
+        ({"steps": ["x"], "cases": [{"when": {"tool": "Bash"}, "steps": []}]}, "cases[0].steps must be"),
+        ({"steps": ["x"], "cases": [{"when": {"tool": "B"}, "steps": [{}]}]}, "cases[0].steps[0] is empty"),
     ],
 )
 def test_bad_scripts_name_the_field(data, fragment):
