@@ -22,7 +22,7 @@ PYTHON ?= $(shell for c in python3.14 python3.13 python3.12 \
 	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$c; break; fi; done)
 
-.PHONY: all install demo demo-rl test test-fast test-vllm bench lint clean harnesses verl-venv
+.PHONY: all install demo demo-rl demo-swe test test-fast test-vllm bench lint clean harnesses verl-venv
 
 all: test
 
@@ -87,6 +87,11 @@ verl-venv: $(VERL_VENV)/.installed-$(VERL_VERSION)
 
 demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
+
+# SWE-bench's shape at laptop scale (outside `make test`): five example instances under two real harness
+# CLIs (Qwen Code, Claude Code) against the tiny model playing examples/swe/policy.yaml, then `compare`.
+demo-swe: $(DEMO_STAMP) $(HARNESSES)/.installed
+	$(PY) examples/swe/demo.py
 
 # The RL loop closed on a CPU: toy task, GRPO groups, train, weight sync, reward curve (demo-rl-out/).
 demo-rl: $(DEMO_STAMP)
@@ -155,4 +160,4 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check polarproxy tests examples bench addons
 
 clean:
-	rm -rf $(VENV) .cache demo-out demo-rl-out .pytest_cache
+	rm -rf $(VENV) .cache demo-out demo-rl-out demo-swe-out .pytest_cache

@@ -102,6 +102,7 @@ def _git(repo: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[bytes
 def _workspace(clone: Path, commit: str, into: Path, where: str) -> None:
     """The clone's tree at `commit` as a fresh repository of one commit at `into` (made once)."""
     if (into / ".git").is_dir():
+        into.chmod(0o755)  # one made before mkdtemp's 0700 was opened up (an episode user could not enter it)
         return
     archive = _git(clone, "archive", "--format=tar", commit)
     if archive.returncode != 0:
@@ -119,6 +120,7 @@ def _workspace(clone: Path, commit: str, into: Path, where: str) -> None:
                 raise TaskError(
                     f"{where}: cannot make the workspace: git {args[0]}: {done.stderr.decode(errors='replace')}"
                 )
+        tmp.chmod(0o755)  # mkdtemp's 0700 would keep each episode's user out of its copy
         os.replace(tmp, into)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
