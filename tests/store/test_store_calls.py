@@ -294,7 +294,9 @@ def test_get_episode_at_n_is_the_nth_newest(store):
     named = store.create_episode(EpisodeStart(command=[]), episode_id="aaa-user-named")
     assert [store.get_episode(f"@{n}").id for n in (1, 2, 3, 4)] == [named, *ids[::-1]]
     assert store.get_episode(" @2 ").id == ids[2]
-    with pytest.raises(NotFoundError, match=r"No episode @5: the store holds 4 episodes. Run `polarproxy ls`"):
+    with pytest.raises(
+        NotFoundError, match=r"No episode @5: the store holds 4 episodes. Run `polarproxy ls`"
+    ):
         store.get_episode("@5")
     with pytest.raises(NotFoundError, match=r"No episode @0: @1 is the latest episode"):
         store.get_episode("@0")

@@ -59,7 +59,9 @@ def test_episode_page_shows_the_calls_show_json_lists(
     assert rows[1][7] == "extends #0" and "rendered fresh: message 0 differs" in rows[2][7]
     assert int(pg.text_content("#ep-tokens")) == shown["episode"]["tokens"]
     assert pg.text_content("#ep-reward-origin") == "command `pytest -q` (exit 0)"
-    assert pg.text_content("#ep-grading h2") == "Tests: 1 of 2 passed, not resolved"  # as stored, failing first
+    assert (
+        pg.text_content("#ep-grading h2") == "Tests: 1 of 2 passed, not resolved"
+    )  # as stored, failing first
     assert [r[:2] for r in _cells(pg, "#ep-grading")] == [
         ["tests/test_app.py::test_y", "FAILED"],
         ["tests/test_app.py::test_x", "PASSED"],
