@@ -173,7 +173,17 @@ def load_swebench(path: Path, repos: Path | None, cache: Path) -> list[Task]:
         hidden.mkdir(exist_ok=True)
         (hidden / "test.patch").write_text(str(row["test_patch"]), encoding="utf-8")
         (hidden / "instance.json").write_text(
-            json.dumps({"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}), encoding="utf-8"
+            json.dumps(
+                {
+                    "instance_id": iid,
+                    "repo": str(row["repo"]),
+                    "version": str(row.get("version") or ""),
+                    "FAIL_TO_PASS": f2p,
+                    "PASS_TO_PASS": p2p,
+                    "log_parser": str(row.get("log_parser") or ""),  # SWE-bench 5's own rows name it
+                }
+            ),
+            encoding="utf-8",
         )
         shutil.copyfile(GRADER, hidden / "grade.py")
         tasks.append(

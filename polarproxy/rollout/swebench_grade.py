@@ -1,14 +1,18 @@
-"""Grade one SWE-bench instance the way SWE-bench grades it, in the grading copy (stdlib only: rollout's
-verifier runs it in its sandbox, from the task's hidden folder, next to `instance.json` and `test.patch`).
+"""Grade one SWE-bench instance the way SWE-bench grades it, in the grading copy (stdlib, and the swebench
+package's log parsers when they are importable: rollout's verifier runs it in its sandbox, with the
+`python3` on its PATH, from the task's hidden folder, next to `instance.json` and `test.patch`).
 
     python3 .polarproxy_grading/grade.py
 
 The copy is the task's workspace (a repository of one commit, at `base_commit`) with the agent's changes
 applied (`grade_from: patch`). As SWE-bench's evaluation script does: the files the test patch touches are
 reset to `base_commit` (a new one is removed), the test patch is applied, the tests it touches run under
-pytest with `-rA`, and each test's status is read from pytest's short summary lines. Resolved when every
-FAIL_TO_PASS and every PASS_TO_PASS test passes (PASSED or XFAIL). The last line printed is JSON:
-`{"resolved", "parser", "tests": {id: status}}`; the exit code is 0 when resolved, 1 when not, 2 when the
+pytest with `-rA`, and each test's status is read from its output: with the official `swebench` package's
+log parser where that package is importable here (`pip install 'polarproxy[swebench]'`: only its parsers
+are used) and knows the repository (by the row's `log_parser`, else by its repository) with a parser of
+pytest's output, else from pytest's short summary lines. Resolved when every FAIL_TO_PASS and every
+PASS_TO_PASS test passes (PASSED or XFAIL). The last line printed is JSON: `{"resolved", "parser", "tests":
+{id: status}}` (`parser`: which one read the log); the exit code is 0 when resolved, 1 when not, 2 when the
 test patch does not apply.
 """
 
@@ -44,6 +48,44 @@ def parse_pytest_summary(output: str) -> dict[str, str]:
         if m:
             status[m.group(2)] = m.group(1)
     return status
+
+
+# SWE-bench's parsers of repositories it runs with another test runner than pytest: their logs are not
+# what this grader makes (it runs pytest), so pytest's own lines are read for them
+NOT_PYTEST_PARSERS = ("parse_log_django", "parse_log_sympy")
+
+
+def official_parser(spec: dict) -> tuple[str, object] | None:
+    """(name, function) of the swebench package's parser for this instance, or None (not installed, or it
+    does not know the repository, or its parser reads another runner's log)."""
+    try:
+        import swebench
+        from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY
+    except Exception:  # not installed, or a version without these names
+        return None
+    try:
+        from swebench.harness.log_parsers import PARSER_REGISTRY
+    except Exception:
+        PARSER_REGISTRY = {}
+    parse = PARSER_REGISTRY.get(spec.get("log_parser") or "") or MAP_REPO_TO_PARSER_PY.get(
+        spec.get("repo", "")
+    )
+    if parse is None or parse.__name__ in NOT_PYTEST_PARSERS:
+        return None
+    return f"swebench {getattr(swebench, '__version__', '?')} {parse.__name__}", parse
+
+
+def read_statuses(output: str, spec: dict) -> tuple[str, dict[str, str]]:
+    """(the parser used, test ID -> status) of a pytest -rA log."""
+    official = official_parser(spec)
+    if official is not None:
+        from types import SimpleNamespace
+
+        name, parse = official
+        fields = ("instance_id", "repo", "version", "FAIL_TO_PASS", "PASS_TO_PASS", "log_parser")
+        test_spec = SimpleNamespace(image="", eval_script_list=[], **{k: spec.get(k, "") for k in fields})
+        return name, dict(parse(output, test_spec))  # type: ignore[operator]
+    return "pytest -rA", parse_pytest_summary(output)
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
@@ -85,11 +127,11 @@ def main() -> int:
     )
     output = run.stdout + run.stderr
     print(output[-4000:])
-    status = parse_pytest_summary(output)
+    parser, status = read_statuses(output, spec)
     wanted = list(spec["FAIL_TO_PASS"]) + list(spec["PASS_TO_PASS"])
     tests = {t: status.get(t, "MISSING") for t in wanted}
     resolved = bool(wanted) and all(s in PASSING for s in tests.values())
-    print(json.dumps({"resolved": resolved, "parser": "pytest -rA", "tests": tests}))
+    print(json.dumps({"resolved": resolved, "parser": parser, "tests": tests}))
     return 0 if resolved else 1
 
 

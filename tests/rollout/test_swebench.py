@@ -143,3 +143,32 @@ def test_a_bad_source_is_an_error_naming_the_row_and_runs_nothing(instance, tmp_
         with pytest.raises(TaskError) as e:
             load_source(bad, repos=repos)
         assert f"{bad}:1" in e.value.message and message in e.value.message, e.value.message
+
+
+def test_the_official_log_parser_reads_a_repository_swebench_knows_and_pytests_lines_the_others(
+    instance, tmp_path: Path
+) -> None:
+    """The same instance as psf/requests (SWE-bench's parser: parse_log_pytest_options), as django/django
+    (SWE-bench runs it with its own runner, not pytest: pytest's lines are read), and as acme/calc (unknown)."""
+    swebench = pytest.importorskip("swebench", reason="the swebench extra (make test installs it)")
+    source, repos, _gold = instance
+    row = json.loads(source.read_text())
+    fix = "python3 -c \"import pathlib;p=pathlib.Path('calc.py');p.write_text(p.read_text().replace('return a - b','return a + b',1))\""
+    parsers = {}
+    for repo in ("psf/requests", "django/django", "acme/calc"):
+        owner_name = repo.replace("/", "__")
+        if not (repos / owner_name).exists():
+            (repos / owner_name).symlink_to(repos / "acme__calc")
+        as_repo = tmp_path / f"{owner_name}.jsonl"
+        as_repo.write_text(json.dumps({**row, "repo": repo, "instance_id": f"{owner_name}-1"}) + "\n")
+        (task,) = load_source(as_repo, repos=repos)
+        episodes = Episodes()
+        jobs = Rollout(Plan([task], 1, 1), _settings(episodes, fix)).run()
+        (result,) = episodes.rewards[jobs[0].episode.episode_id]
+        assert jobs[0].reward == 1.0 and result.grading["resolved"] is True, jobs[0].reward_note
+        parsers[repo] = result.grading["parser"]
+    assert parsers == {
+        "psf/requests": f"swebench {swebench.__version__} parse_log_pytest_options",
+        "django/django": "pytest -rA",
+        "acme/calc": "pytest -rA",
+    }
