@@ -154,6 +154,7 @@ bench: $(STAMP)
 	$(PY) bench/rollout_throughput.py --episodes 256 --concurrency 16 --repeats 1 --json bench/results/rollout-256-latest.json
 	$(PY) bench/long_context.py --profile .cache/bench/long-context-profile.json --json bench/results/long-context-latest.json
 	$(PY) bench/serve_memory.py --json bench/results/serve-memory-latest.json
+	$(PY) bench/workspace_copy.py --json bench/results/workspace-copy-latest.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check polarproxy tests examples bench addons

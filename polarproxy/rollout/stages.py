@@ -32,7 +32,7 @@ from polarproxy.rewards.redact import redact_output
 from polarproxy.rewards.verifier import Verifier, VerifierResult, run_verifier
 from polarproxy.rollout.agent_changes import apply_agent_changes
 from polarproxy.rollout.agent_patch import agent_patch
-from polarproxy.rollout.copying import WorkspaceTooLarge, copy_workspace
+from polarproxy.rollout.copying import WorkspaceTooLarge, clone_file, copy_workspace
 from polarproxy.rollout.episodes import Episodes, LocalGateway
 from polarproxy.rollout.host_relay import HostRelay
 from polarproxy.rollout.limits import Limits
@@ -144,7 +144,7 @@ def prewarm(job: Job, s: Settings) -> None:
     if job.dir.exists():
         shutil.rmtree(job.dir)
     job.dir.mkdir(parents=True)
-    shutil.copytree(job.task.workspace, job.workspace, symlinks=True)
+    shutil.copytree(job.task.workspace, job.workspace, symlinks=True, copy_function=clone_file)
     (job.home / "tmp").mkdir(parents=True)
     job.uid = episode_uid()
     give_to(job.workspace, job.uid)
