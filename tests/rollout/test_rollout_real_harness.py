@@ -100,7 +100,10 @@ CODEX_SCRIPT = {
         {
             "reasoning": "I will write the greeting.",
             "tool_calls": [
-                {"name": "exec_command", "arguments": {"cmd": "echo 'Hello there.' > answer.txt"}}
+                {
+                    "name": "exec_command",
+                    "arguments": {"cmd": "echo 'Hello there.' > answer.txt; echo PATH=$PATH"},
+                }
             ],
         }
     ],
@@ -117,6 +120,19 @@ def test_rollout_runs_the_real_codex_cli_whose_own_sandbox_edits_the_workspace_i
 ) -> None:
     """The Codex preset as shipped, under rollout's bwrap (as root in CI): Codex runs its shell tool in its
     own sandbox, nested in ours, in workspace-write mode, so its edit lands and the verifier scores it (as
-    shipped before, its read-only sandbox failed every edit and each episode ended with reward 0)."""
+    shipped before, its read-only sandbox failed every edit and each episode ended with reward 0). Its tools
+    keep the PATH the harness was given (no login shell rebuilding it: the task's python3 and pytest)."""
     bwrap_or_skip()
-    _rollout_example_tasks("codex", CODEX_SCRIPT, "bwrap", make_backend, tiny_model_dir, tmp_path)
+    summary, db = _rollout_example_tasks(
+        "codex", CODEX_SCRIPT, "bwrap", make_backend, tiny_model_dir, tmp_path
+    )
+    store = Store.open(str(db))
+    try:
+        for e in store.list_episodes(limit=None):
+            last = store.list_calls(e.id)[-1]
+            outputs = [
+                str(m.get("content")) for m in last.conversation["messages"] if m.get("role") == "tool"
+            ]
+            assert any("PATH=" in o and str(BIN) in o for o in outputs), outputs
+    finally:
+        store.close()
