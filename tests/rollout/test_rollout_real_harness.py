@@ -123,7 +123,7 @@ def test_rollout_runs_the_real_codex_cli_whose_own_sandbox_edits_the_workspace_i
     shipped before, its read-only sandbox failed every edit and each episode ended with reward 0). Its tools
     keep the PATH the harness was given (no login shell rebuilding it: the task's python3 and pytest)."""
     bwrap_or_skip()
-    summary, db = _rollout_example_tasks(
+    _summary, db = _rollout_example_tasks(
         "codex", CODEX_SCRIPT, "bwrap", make_backend, tiny_model_dir, tmp_path
     )
     store = Store.open(str(db))
