@@ -87,10 +87,14 @@ def _episode_body(
     return body
 
 
-def _finish_body(exit_code: int | None, reward: float | None, graded: Graded | None) -> dict[str, Any]:
+def _finish_body(
+    exit_code: int | None, reward: float | None, graded: Graded | None, stages: dict[str, float] | None
+) -> dict[str, Any]:
     body: dict[str, Any] = {"exit_code": exit_code, "reward": reward}
     if graded is not None:
         body.update({k: v for k, v in asdict(graded).items() if v is not None})
+    if stages:
+        body["stages"] = stages
     return body
 
 
@@ -185,10 +189,11 @@ class Client:
         exit_code: int | None = 0,
         reward: float | None = None,
         graded: Graded | None = None,
+        stages: dict[str, float] | None = None,
     ) -> dict[str, Any]:
         """End the episode (status ok for exit code 0 or None, else failed), with its reward if given."""
         path = f"/polarproxy/v1/episodes/{episode_id}/finish"
-        return _check(self._http.post(path, json=_finish_body(exit_code, reward, graded)))  # type: ignore[no-any-return]
+        return _check(self._http.post(path, json=_finish_body(exit_code, reward, graded, stages)))  # type: ignore[no-any-return]
 
     def episodes(
         self,
@@ -293,9 +298,10 @@ class AsyncClient:
         exit_code: int | None = 0,
         reward: float | None = None,
         graded: Graded | None = None,
+        stages: dict[str, float] | None = None,
     ) -> dict[str, Any]:
         path = f"/polarproxy/v1/episodes/{episode_id}/finish"
-        return _check(await self._http.post(path, json=_finish_body(exit_code, reward, graded)))  # type: ignore[no-any-return]
+        return _check(await self._http.post(path, json=_finish_body(exit_code, reward, graded, stages)))  # type: ignore[no-any-return]
 
     async def episodes(
         self,

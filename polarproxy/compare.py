@@ -4,8 +4,10 @@ Per harness (an episode's `harness`): episodes, resolved rate (reward 1.0, over 
 reward) with a 95 % Wilson interval, pass@k for the samples run (the unbiased estimator 1 - C(n-c, k) /
 C(n, k) per task, averaged over tasks, for k = 1 and k = the fewest samples any task has), mean reward,
 model calls, prompt and sampled tokens per episode, the T2 extension rate (the share of calls after an
-episode's first that extended an earlier call's tokens), and failures by class (export/failures.py's
-taxonomy); per task, which harnesses solved it. Versioned JSON (`compare.v1`) and Markdown.
+episode's first that extended an earlier call's tokens), failures by class (export/failures.py's
+taxonomy), and the mean seconds of each rollout stage (prewarm, execute, evaluate: stored when a rollout
+episode ends; over the episodes that have them); per task, which harnesses solved it. Versioned JSON
+(`compare.v1`) and Markdown.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class HarnessFigures:
     extended: int = 0  # of those, rendered as an extension (T2)
     failures: dict[str, int] = field(default_factory=dict)
     per_task: dict[str, list[bool]] = field(default_factory=lambda: defaultdict(list))
+    stage_seconds: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     def summary(self) -> dict[str, Any]:
         interval = wilson(self.resolved, self.rewarded)
@@ -75,6 +78,7 @@ class HarnessFigures:
             "sampled_tokens_per_episode": self.sampled_tokens / n,
             "t2_extension_rate": self.extended / self.follow_ups if self.follow_ups else None,
             "failures": dict(sorted(self.failures.items())),
+            "stage_s": {st: sum(v) / len(v) for st, v in self.stage_seconds.items()},  # means, stage order
         }
 
 
@@ -102,6 +106,8 @@ def compare(store: Any, episodes: list[Episode]) -> dict[str, Any]:
         kind = failure_class(ep, answered)
         if kind is not None:
             f.failures[kind] = f.failures.get(kind, 0) + 1
+        for stage, seconds in (ep.stages or {}).items():
+            f.stage_seconds[stage].append(seconds)
         task = ep.task or ep.id
         solved_by.setdefault(task, set())
         if ep.reward is not None:
@@ -127,8 +133,8 @@ def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: one table per harness figure, one of tasks by the harnesses that solved them."""
     names = list(report["harnesses"])
     lines = [
-        "| harness | episodes | resolved | 95% interval | pass@k | mean reward | calls/ep | prompt tok/ep | sampled tok/ep | T2 extended | failures |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| harness | episodes | resolved | 95% interval | pass@k | mean reward | calls/ep | prompt tok/ep | sampled tok/ep | T2 extended | failures | stage s/ep |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         h = report["harnesses"][name]
@@ -137,11 +143,12 @@ def markdown(report: dict[str, Any]) -> str:
         passes = ", ".join(f"@{k} {_pct(v)}" for k, v in h["pass_at_k"].items()) or "-"
         failures = ", ".join(f"{k} {v}" for k, v in h["failures"].items()) or "-"
         mean = "-" if h["mean_reward"] is None else f"{h['mean_reward']:.3f}"
+        stages = ", ".join(f"{st} {s:.1f}" for st, s in h["stage_s"].items()) or "-"
         lines.append(
             f"| {name} | {h['episodes']} | {h['resolved']}/{h['rewarded']} ({_pct(h['resolved_rate'])}) | "
             f"{interval} | {passes} | {mean} | {h['calls_per_episode']:.1f} | "
             f"{h['prompt_tokens_per_episode']:.0f} | {h['sampled_tokens_per_episode']:.0f} | "
-            f"{_pct(h['t2_extension_rate'])} | {failures} |"
+            f"{_pct(h['t2_extension_rate'])} | {failures} | {stages} |"
         )
     lines += ["", "| task | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for task, solved in report["tasks"].items():

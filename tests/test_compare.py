@@ -29,13 +29,18 @@ def db(tmp_path: Path) -> Path:
     with Store.open(str(path)) as store:
         for harness, tasks in REWARDS.items():
             for task, rewards in tasks.items():
-                for r in rewards:
+                for i, r in enumerate(rewards):
                     eid = store.create_episode(EpisodeStart(command=[harness], harness=harness, task=task))
                     # three calls: the second extends the first, the third starts afresh (compaction)
                     _call(store, eid, [1, 2, 3], [4, 5], "fresh")
                     _call(store, eid, [1, 2, 3, 4, 5, 6], [7], "extended")
                     _call(store, eid, [9, 9], [8, 8, 8], "fresh")
-                    store.finish_episode(eid, status="ok", exit_code=0)
+                    stages = (
+                        {"prewarm": 0.5, "execute": 10.0 + 2 * i, "evaluate": 1.0}
+                        if harness == "alpha"
+                        else None
+                    )
+                    store.finish_episode(eid, status="ok", exit_code=0, stages=stages)
                     store.set_reward(eid, r)
         eid = store.create_episode(EpisodeStart(command=["beta"], harness="beta", task="t1"))
         store.finish_episode(eid, status="failed", exit_code=127)  # never reached the model: infra
@@ -69,9 +74,12 @@ def test_compare_gives_the_hand_counted_figures_per_harness_and_task(db: Path, t
     assert a["prompt_tokens_per_episode"] == 11 and a["sampled_tokens_per_episode"] == 6
     assert a["t2_extension_rate"] == 0.5  # of the two calls after the first, one extended
     assert a["failures"] == {} and b["failures"] == {"infra": 1}
+    # alpha's four episodes: execute 10 and 12 s per task (samples 0 and 1); beta's were not rolled out
+    assert a["stage_s"] == {"prewarm": 0.5, "execute": 11.0, "evaluate": 1.0} and b["stage_s"] == {}
     assert report["tasks"] == {"t1": ["alpha"], "t2": ["alpha", "beta"]}
     text = md.read_text()
     assert "| alpha | 4 | 3/4 (75.0%) |" in text and "| t1 | solved | - |" in text
+    assert "| prewarm 0.5, execute 11.0, evaluate 1.0 |" in text
     only = CliRunner().invoke(
         make_app("compare"), ["compare", "--db", str(db), "--harness", "beta", "--json"]
     )

@@ -55,6 +55,7 @@ from polarproxy.harness.env import base_urls
 from polarproxy.loopback import is_json, loopback_host
 from polarproxy.redact import redact_argv
 from polarproxy.store import keys
+from polarproxy.store.episodes import valid_stages
 from polarproxy.store.ids import EPISODE_ID, EPISODE_ID_RULE
 from polarproxy.store.query import EpisodeQuery
 from polarproxy.store.records import EpisodeStart
@@ -382,12 +383,22 @@ class Control:
         _json(flow, 200, {"episodes": [asdict(e) for e in episodes]})
 
     async def _finish(self, flow: http.HTTPFlow, episode_id: str) -> None:
-        body = _body(flow, {"exit_code", "reward", "note", "patch", "grading"})
+        body = _body(flow, {"exit_code", "reward", "note", "patch", "grading", "stages"})
         exit_code, reward = body.get("exit_code"), body.get("reward")
         note, patch, grading = body.get("note"), body.get("patch"), body.get("grading")
         for name, value in (("note", note), ("patch", patch)):
             if value is not None and not isinstance(value, str):
                 raise BadRequest(f"'{name}' must be a string, got {type(value).__name__}.")
+        stages = body.get("stages")
+        if stages is not None:
+            if not isinstance(stages, dict):
+                raise BadRequest(
+                    f"'stages' must be an object {{stage: seconds}}, not {type(stages).__name__}."
+                )
+            try:
+                stages = valid_stages(stages)
+            except ValueError as e:
+                raise BadRequest(f"'stages': {e}") from None
         if grading is not None and valid_grading(grading) is None:
             raise BadRequest(
                 '\'grading\' must be an object {"tests": {test ID: status}, "resolved": bool, "parser": str}.'
@@ -416,7 +427,7 @@ class Control:
                 )
                 await self.writer.set_rewards(episode_id, episode=float(reward), origin=origin)
             status = "ok" if exit_code in (None, 0) else "failed"
-            await self.writer.finish_episode(episode_id, status=status, exit_code=exit_code)
+            await self.writer.finish_episode(episode_id, status=status, exit_code=exit_code, stages=stages)
             seq = await asyncio.to_thread(keys.record_finish, self.store, episode_id)
         except Exception as e:
             _json(flow, 503, {"error": f"The episode's end was not stored: {e}"})

@@ -48,8 +48,16 @@ class Episodes(Protocol):
         command: list[str] | None = None,
     ) -> EpisodeHandle: ...
 
-    def end(self, episode_id: str, *, exit_code: int, result: VerifierResult | None) -> None:
-        """Store the verifier's result (None: not evaluated) and finish the episode (exit 0: ok)."""
+    def end(
+        self,
+        episode_id: str,
+        *,
+        exit_code: int,
+        result: VerifierResult | None,
+        stages: dict[str, float] | None = None,
+    ) -> None:
+        """Store the verifier's result (None: not evaluated) and finish the episode (exit 0: ok), with the
+        seconds each stage took."""
         ...
 
     def prior(self, rollout_id: str, groups: list[str]) -> list[PriorEpisode]: ...
@@ -121,13 +129,27 @@ class ControlEpisodes:
             if value is not None:
                 self._do(self.client.reward, episode_id, value, call=seq)
 
-    def end(self, episode_id: str, *, exit_code: int, result: VerifierResult | None) -> None:
+    def end(
+        self,
+        episode_id: str,
+        *,
+        exit_code: int,
+        result: VerifierResult | None,
+        stages: dict[str, float] | None = None,
+    ) -> None:
         reward, graded = None, None
         if result is not None:
             self._store_result(episode_id, result)
             reward = result.reward if result.set_episode else None
             graded = Graded(note=result.note, patch=result.patch, grading=result.grading)
-        self._do(self.client.finish_episode, episode_id, exit_code=exit_code, reward=reward, graded=graded)
+        self._do(
+            self.client.finish_episode,
+            episode_id,
+            exit_code=exit_code,
+            reward=reward,
+            graded=graded,
+            stages=stages,
+        )
 
     def calls_made(self, episode_id: str, group: str) -> int:
         for e in self._do(self.client.episodes, group=group, limit=PRIOR_LIMIT):
@@ -218,10 +240,17 @@ class LocalGateway(ControlEpisodes):
     def calls_made(self, episode_id: str, group: str) -> int:
         return self.stack.store.answered_calls([episode_id]).get(episode_id, 0)
 
-    def end(self, episode_id: str, *, exit_code: int, result: VerifierResult | None) -> None:
+    def end(
+        self,
+        episode_id: str,
+        *,
+        exit_code: int,
+        result: VerifierResult | None,
+        stages: dict[str, float] | None = None,
+    ) -> None:
         if result is not None:
             self._store_result(episode_id, result)
-        self._do(self.client.finish_episode, episode_id, exit_code=exit_code, reward=None)
+        self._do(self.client.finish_episode, episode_id, exit_code=exit_code, reward=None, stages=stages)
 
     def close(self) -> None:
         super().close()

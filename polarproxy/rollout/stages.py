@@ -377,7 +377,9 @@ def end_episode(job: Job, s: Settings, result: VerifierResult | None) -> None:
         return
     job.episode_ended = True
     code = job.exit_code if job.exit_code is not None else EXIT_STOPPED
-    s.episodes.end(job.episode.episode_id, exit_code=code, result=result)
+    now = time.monotonic()  # the stage that ends the episode (evaluate, or the one that failed) ends with it
+    stages = {st: round(job.ended.get(st, now) - t0, 4) for st, t0 in job.started.items() if st in STAGES}
+    s.episodes.end(job.episode.episode_id, exit_code=code, result=result, stages=stages)
 
 
 def reconstruct(job: Job, s: Settings) -> None:

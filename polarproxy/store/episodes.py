@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -57,6 +58,24 @@ def _insert_unless_exists(conn: Connection) -> Any:
 _NEWEST = re.compile(r"^@(\d+)$")
 
 
+def valid_stages(stages: Mapping[str, object]) -> dict[str, float]:
+    """Stage name -> seconds (a finite number >= 0); ValueError naming the bad entry."""
+    out = {}
+    for name, seconds in stages.items():
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise ValueError(f"Stage name {name!r} must be a non-empty string of at most 64 characters.")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not 0 <= seconds < float("inf")
+        ):
+            raise ValueError(
+                f"Stage {name!r}: {seconds!r} is not a number of seconds (a finite number >= 0)."
+            )
+        out[name] = float(seconds)
+    return out
+
+
 def _like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
@@ -105,8 +124,16 @@ class EpisodesMixin:
                 raise StoreError(f"Cannot create episode {eid!r}: an episode with that ID exists.")
         raise StoreError("Cannot create an episode: three new IDs in a row were taken. Check the clock.")
 
-    def finish_episode(self, episode_id: str, *, status: EpisodeStatus, exit_code: int | None = None) -> None:
-        """Record how the episode ended (status, the harness's exit code) and when."""
+    def finish_episode(
+        self,
+        episode_id: str,
+        *,
+        status: EpisodeStatus,
+        exit_code: int | None = None,
+        stages: Mapping[str, float] | None = None,
+    ) -> None:
+        """Record how the episode ended (status, the harness's exit code), when, and with `stages` the seconds
+        each rollout stage took."""
         if status not in EPISODE_STATUSES:
             raise ValueError(
                 f"Unknown episode status {status!r}. Must be one of {', '.join(map(repr, EPISODE_STATUSES))}."
@@ -115,7 +142,12 @@ class EpisodesMixin:
             result = conn.execute(
                 E.update()
                 .where(E.c.id == episode_id)
-                .values(status=status, exit_code=exit_code, ended_at=time.time())
+                .values(
+                    status=status,
+                    exit_code=exit_code,
+                    ended_at=time.time(),
+                    **({"stages_json": orjson.dumps(valid_stages(stages)).decode()} if stages else {}),
+                )
             )
         if result.rowcount == 0:
             raise NotFoundError(f"No episode {episode_id!r}.")
@@ -206,6 +238,7 @@ class EpisodesMixin:
             metadata=orjson.loads(m["metadata_json"]),
             calls=int(m["calls"]) if "calls" in m else None,
             tokens=int(m["tokens"]) if "tokens" in m else None,
+            stages=orjson.loads(m["stages_json"]) if m.get("stages_json") else None,
         )
 
     def _exists(self, table: Any, id_: str) -> bool:

@@ -276,3 +276,10 @@ def m009_reward_grading(conn: Connection) -> None:
     per-test results (NULL for rewards set otherwise, and for older ones)."""
     conn.execute(text("ALTER TABLE rewards ADD COLUMN patch TEXT"))
     conn.execute(text("ALTER TABLE rewards ADD COLUMN grading_json TEXT"))
+
+
+@migration
+def m010_episode_stages(conn: Connection) -> None:
+    """Issue 43 (comparing harnesses): the seconds each rollout stage of the episode took (prewarm, execute,
+    evaluate), set when it ends; NULL for episodes not run by `rollout`, and for older ones."""
+    conn.execute(text("ALTER TABLE episodes ADD COLUMN stages_json TEXT"))

@@ -116,6 +116,7 @@ class Episode:
     metadata: dict[str, Any]
     calls: int | None = 0  # None: not counted (list_episodes(counts=False))
     tokens: int | None = 0  # prompt + output tokens over all calls; None: not counted
+    stages: dict[str, float] | None = None  # seconds per rollout stage (prewarm, execute, evaluate)
 
 
 @dataclass(slots=True)

@@ -44,8 +44,9 @@ episodes = Table(
     Column("ended_at", Float),
     Column("metadata_json", Text, nullable=False),
     Column("next_seq", Integer, nullable=False, server_default="0"),
-    # m002_writers (store/owners.py): the process recording the episode; keep it last
+    # m002_writers (store/owners.py): the process recording the episode (the migrations append after it)
     Column("writer_id", String),
+    Column("stages_json", Text),  # m010: seconds per rollout stage, set when the episode ends
     Index("ix_episodes_started_at", "started_at"),
     Index("ix_episodes_status", "status"),
 )

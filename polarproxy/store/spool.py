@@ -145,8 +145,11 @@ def op_finish_call(call_id: str, result: CallResult) -> dict[str, Any]:
     return {"op": "finish_call", "call_id": call_id, "result": result}
 
 
-def op_finish_episode(episode_id: str, status: str, exit_code: int | None) -> dict[str, Any]:
-    return {"op": "finish_episode", "episode_id": episode_id, "status": status, "exit_code": exit_code}
+def op_finish_episode(
+    episode_id: str, status: str, exit_code: int | None, stages: dict[str, float] | None = None
+) -> dict[str, Any]:
+    op = {"op": "finish_episode", "episode_id": episode_id, "status": status, "exit_code": exit_code}
+    return {**op, "stages": stages} if stages else op
 
 
 def op_set_rewards(
@@ -191,7 +194,9 @@ def apply(store: Store, op: dict[str, Any], *, replay: bool = False) -> Any:
     if kind == "finish_call":
         return store.finish_call(op["call_id"], _as(CallResult, op["result"]))
     if kind == "finish_episode":
-        return store.finish_episode(op["episode_id"], status=op["status"], exit_code=op["exit_code"])
+        return store.finish_episode(
+            op["episode_id"], status=op["status"], exit_code=op["exit_code"], stages=op.get("stages")
+        )
     if kind == "release":
         return owners.release(store, op["writer"])
     if kind == "set_rewards":

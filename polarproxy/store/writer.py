@@ -124,8 +124,10 @@ class StoreWriter:
         self._known_episodes.add(episode_id)
         return episode_id  # type: ignore[no-any-return]
 
-    async def finish_episode(self, episode_id: str, *, status: str, exit_code: int | None) -> None:
-        await self._submit(spool.op_finish_episode(episode_id, status, exit_code))
+    async def finish_episode(
+        self, episode_id: str, *, status: str, exit_code: int | None, stages: dict[str, float] | None = None
+    ) -> None:
+        await self._submit(spool.op_finish_episode(episode_id, status, exit_code, stages))
 
     def knows_episode(self, episode_id: str) -> bool:
         """Whether this writer created or ensured the episode."""

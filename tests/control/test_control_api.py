@@ -323,7 +323,8 @@ def test_each_episode_carries_its_own_sampling_to_every_proxy_on_the_database(se
 
 
 def test_finish_stores_the_verifiers_note_diff_and_tests_with_the_reward(serving, tmp_path):
-    """What `rollout --serve` sends at an episode's end besides the reward (client.Graded)."""
+    """What `rollout --serve` sends at an episode's end besides the reward (client.Graded) and its stage
+    times."""
     from polarproxy.client import Client, Graded
 
     s = serving(token=TOKEN)
@@ -331,7 +332,9 @@ def test_finish_stores_the_verifiers_note_diff_and_tests_with_the_reward(serving
     with Client(s.url, TOKEN) as client:
         eid = client.create_episode(task="t").episode_id
         graded = Graded(note="exit code 0", patch="diff --git a/x b/x\n", grading=grading)
-        client.finish_episode(eid, exit_code=0, reward=1.0, graded=graded)
+        client.finish_episode(
+            eid, exit_code=0, reward=1.0, graded=graded, stages={"execute": 2.5, "evaluate": 1}
+        )
         other = client.create_episode(task="t").episode_id
     with httpx.Client(base_url=s.url, timeout=30, headers={"authorization": f"Bearer {TOKEN}"}) as h:
         bad = h.post(
@@ -340,8 +343,15 @@ def test_finish_stores_the_verifiers_note_diff_and_tests_with_the_reward(serving
         assert bad.status_code == 400 and "'grading' must be an object" in bad.json()["error"]
         bad = h.post(f"/polarproxy/v1/episodes/{other}/finish", json={"reward": 1.0, "patch": 7})
         assert bad.status_code == 400 and "'patch' must be a string, got int" in bad.json()["error"]
+        bad = h.post(f"/polarproxy/v1/episodes/{other}/finish", json={"stages": {"execute": -1}})
+        assert (
+            bad.status_code == 400
+            and "'stages': Stage 'execute': -1 is not a number of seconds" in bad.json()["error"]
+        )
     with Store.open(tmp_path / "s.db") as store:
         (r,) = store.list_rewards(eid)
         assert (r.reward, r.origin.source, r.origin.note) == (1.0, "http", "exit code 0")
         assert (r.origin.patch, r.origin.grading) == ("diff --git a/x b/x\n", grading)
         assert store.list_rewards(other) == []  # refused: nothing stored
+        assert store.get_episode(eid).stages == {"execute": 2.5, "evaluate": 1.0}
+        assert store.get_episode(other).status == "running"

@@ -35,7 +35,7 @@ class MemoryEpisodes:
             eid, "key", {"openai": self.url + "/v1", "anthropic": self.url, "gemini": self.url}
         )
 
-    def end(self, episode_id, *, exit_code, result) -> None:
+    def end(self, episode_id, *, exit_code, result, stages=None) -> None:
         assert episode_id not in self.finished, f"{episode_id} ended twice"
         self.finished[episode_id] = exit_code
         if result is not None:

@@ -103,6 +103,7 @@ def test_one_policy_resolves_what_it_fixes_under_each_hand(
         told = {t: (episodes[t].calls, g.note, g.output_tail, g.patch) for t, g in graded.items()}
     assert resolved == RESOLVES[tool], told
     assert {t: g.grading["resolved"] for t, g in graded.items()} == {t: t in RESOLVES[tool] for t in episodes}
+    assert all(set(e.stages) == {"prewarm", "execute", "evaluate"} for e in episodes.values()), episodes
     if tool == "run_shell_command":  # the gamed instance: its conftest.py left out, the new test fails
         config = graded["acme__config-5"]
         assert "1 steers-tests" in config.note and config.patch == "", config.note
@@ -125,5 +126,6 @@ def test_one_policy_resolves_what_it_fixes_under_each_hand(
     assert compared.returncode == 0, compared.stderr
     rows = json.loads(compared.stdout)["harnesses"]
     assert [(r["episodes"], r["resolved"]) for r in rows.values()] == [(5, 3)], rows  # one harness: (none)
+    assert list(next(iter(rows.values()))["stage_s"]) == ["prewarm", "execute", "evaluate"]
     solved_by = json.loads(compared.stdout)["tasks"]
     assert {t for t, by in solved_by.items() if by} == RESOLVES[tool]

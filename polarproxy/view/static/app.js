@@ -579,6 +579,7 @@
         ["started", when(ep.started_at)],
         ["ended", when(ep.ended_at)],
         ["calls", h("span", { id: "ep-calls" }, String(ep.calls))],
+        ["stages", ep.stages ? Object.entries(ep.stages).map(([st, s]) => st + " " + s.toFixed(2) + " s").join(", ") : "-"],
         ["tokens", h("span", { id: "ep-tokens" }, String(ep.tokens))],
         ["reward", h("span", { id: "ep-reward" }, num(ep.reward))],
         ["reward from", origin ? h("span", { id: "ep-reward-origin" }, origin) : "-"],
