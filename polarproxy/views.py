@@ -190,7 +190,9 @@ def render_episode(
     )
     console.print(Text("$ " + " ".join(ep.command), style="dim"))
     if ep.stages:
-        console.print(Text("stages: " + ", ".join(f"{st} {s:.2f} s" for st, s in ep.stages.items()), style="dim"))
+        console.print(
+            Text("stages: " + ", ".join(f"{st} {s:.2f} s" for st, s in ep.stages.items()), style="dim")
+        )
     if rewards:
         render_reward(console, rewards, full=full_prompts)
     seq_of = {c.id: c.seq for c in calls}
