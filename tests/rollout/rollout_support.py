@@ -47,8 +47,23 @@ def rollout_argv(*args: str) -> list[str]:
     return [sys.executable, "-c", code, *args]
 
 
-def run_rollout(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(rollout_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+def run_rollout(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`polarproxy rollout ARGS` from the checkout's root; `env` is added to this process's environment."""
+    return subprocess.run(
+        rollout_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def tools_path(*first: Path) -> dict[str, str]:
+    """PATH with `first` and this interpreter's folder (the venv's python3 and pytest, for graders) ahead."""
+    return {"PATH": os.pathsep.join([*map(str, first), str(Path(sys.executable).parent), os.environ["PATH"]])}
 
 
 def bwrap_or_skip() -> None:

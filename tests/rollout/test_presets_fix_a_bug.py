@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from rollout_support import REPO, bwrap_or_skip
+from rollout_support import REPO, bwrap_or_skip, run_rollout, tools_path
 
 from polarproxy.store.store import Store
 
 sys.path.insert(0, str(REPO / "examples" / "swe"))
-import suite
+import suite  # examples/swe/suite.py
 
 BIN = REPO / ".cache" / "harnesses" / "node_modules" / ".bin"
 # each preset's shell tool and its command argument (docs/usage.md's table), and its CLI
@@ -74,37 +73,12 @@ def test_each_preset_edits_the_workspace_and_runs_the_tests_under_rollout(
     (tmp_path / "policy.json").write_text(json.dumps(script))
     backend = make_backend(tiny_model_dir, "--script", str(tmp_path / "policy.json"))
     db = tmp_path / "r.db"
-    path = os.pathsep.join([str(BIN), str(Path(sys.executable).parent), os.environ["PATH"]])
     harnesses = [a for h in SHELL for a in ("--harness", h)]
-    proc = subprocess.run(
-        [
-            *(
-                sys.executable,
-                "-m",
-                "polarproxy",
-                "rollout",
-                str(calc),
-                "--repos",
-                str(calc.parent / "repos"),
-            ),
-            *harnesses,
-            *(
-                "--backend",
-                backend.url,
-                "--model",
-                str(tiny_model_dir),
-                "--db",
-                str(db),
-                "--concurrency",
-                "2",
-            ),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_rollout(
+        *(str(calc), "--repos", str(calc.parent / "repos"), *harnesses, "--backend", backend.url),
+        *("--model", str(tiny_model_dir), "--db", str(db), "--concurrency", "2", "--json"),
         timeout=600,
-        cwd=REPO,
-        env={**os.environ, "PATH": path, "NO_COLOR": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")},
+        env={**tools_path(BIN), "NO_COLOR": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     with Store.open(str(db)) as store:

@@ -8,18 +8,17 @@ same suite with the real CLIs."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from rollout_support import REPO, bwrap_or_skip
+from rollout_support import REPO, bwrap_or_skip, run_rollout, tools_path
 
 from polarproxy.store.store import Store
 
 sys.path.insert(0, str(REPO / "examples" / "swe"))
-import suite
+import suite  # examples/swe/suite.py
 
 SUITE = REPO / "examples" / "swe"
 # what the policy resolves under each hand (examples/swe/policy.yaml's header)
@@ -59,20 +58,9 @@ def test_one_policy_resolves_what_it_fixes_under_each_hand(
     bwrap_or_skip()
     backend = make_backend(tiny_model_dir, "--script", str(SUITE / "policy.yaml"))
     db = tmp_path / "swe.db"
-    env_path = (
-        f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # the venv's python3 and pytest
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "polarproxy",
-            "rollout",
-            str(built),
-            "--repos",
-            str(built.parent / "repos"),
-            "--backend",
-            backend.url,
+    proc = run_rollout(
+        *(str(built), "--repos", str(built.parent / "repos"), "--backend", backend.url),
+        *(
             "--model",
             str(tiny_model_dir),
             "--db",
@@ -82,17 +70,10 @@ def test_one_policy_resolves_what_it_fixes_under_each_hand(
             "--rollout-id",
             "swe",
             "--json",
-            "--",
-            "python",
-            "examples/swe/agent.py",
-            "--tool",
-            tool,
-        ],
-        capture_output=True,
-        text=True,
+        ),
+        *("--", "python", "examples/swe/agent.py", "--tool", tool),
         timeout=600,
-        cwd=REPO,
-        env={**os.environ, "PATH": env_path, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+        env={**tools_path(), "XDG_CACHE_HOME": str(tmp_path / "cache")},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
