@@ -1,7 +1,8 @@
 """Reconstruction and export speed, and the per-turn cost of prefix-preserving prompts.
 
     python bench/export_speed.py [--quick] [--episodes N] [--calls N] [--context N] [--json OUT]
-                                 [--db PATH] [--profile STRATEGY:FORMAT] [--no-prompts]
+                                 [--db PATH] [--profile STRATEGY:FORMAT:PATH] [--no-prompts]
+                                 [--formats FORMAT,...]
 
 Export phase. A synthetic SQLite store (default 1,000 episodes x 30 calls whose context grows to 8,192
 tokens) is written through the Store API (`begin_call` / `finish_call`, call k of 10 episodes per group commit),
@@ -18,7 +19,8 @@ two processes'). Figures per run: seconds, CPU seconds, recorded tokens per seco
 of every call read: the same work for both strategies), written tokens per second and per CPU-second
 (tokens in the rows written: what issue 12's target counts), rows, trainer sequences saved, file size, and
 the child's peak RSS (VmHWM).
-`--db PATH` keeps the store there and reuses it when it already holds the requested size.
+`--db PATH` keeps the store there and reuses it when it already holds the requested size. `--formats
+jsonl,slime` runs only those formats' exports (`read` names the two read runs), side by side as in a full run.
 
 Prompt phase. One episode grows from 1 to 128 turns through the T2 index (polarproxy/render/prefix.py)
 with the tiny model's tokenizer and chat template: each turn is a tool call (~40 sampled tokens) and a tool
@@ -202,7 +204,7 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
 
     store = Store.open(db)
     if fmt in TRAINER_FORMATS:
-        return _run_trainer_format(store, strategy, fmt, out)
+        return _run_trainer_format(store, strategy, fmt, out, profile)
     if strategy != "read":
         reconstruct, write = get_strategy(strategy), get_writer(fmt)
         if fmt == "parquet":  # one-time imports before the clock starts (pyarrow pulls in pandas lazily)
@@ -249,9 +251,7 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
     cpu_seconds = time.process_time() - cpu0 + _children_cpu() - children0
     if prof:
         prof.disable()
-        stats_out = pstats.Stats(prof, stream=sys.stderr)
-        stats_out.sort_stats("cumulative").print_stats(25)
-        stats_out.sort_stats("tottime").print_stats(25)  # where the time is spent, not only under what
+        print_profile(prof)
     store.close()
     return {
         "strategy": strategy,
@@ -268,7 +268,13 @@ def run_one(strategy: str, fmt: str, path: str, db: str, out: str, profile: str 
     }
 
 
-def _run_trainer_format(store: Any, strategy: str, fmt: str, out: str) -> dict[str, Any]:
+def print_profile(prof: cProfile.Profile) -> None:
+    stats_out = pstats.Stats(prof, stream=sys.stderr)
+    stats_out.sort_stats("cumulative").print_stats(25)
+    stats_out.sort_stats("tottime").print_stats(25)  # where the time is spent, not only under what
+
+
+def _run_trainer_format(store: Any, strategy: str, fmt: str, out: str, profile: str | None) -> dict[str, Any]:
     """A trainer format as `polarproxy export --format FMT --advantages none` writes it (slime: one file per
     10 groups, `{rollout_id}` in the path, so memory stays flat); timed as run_one times the others."""
     from polarproxy.export.advantages import AdvantageOptions
@@ -286,7 +292,10 @@ def _run_trainer_format(store: Any, strategy: str, fmt: str, out: str) -> dict[s
 
         target = out
     rss_before = peak_rss_mb()
+    prof = cProfile.Profile() if profile else None
     t0, cpu0 = time.perf_counter(), time.process_time()
+    if prof:
+        prof.enable()
     summary = run_export(
         store,
         target,
@@ -296,6 +305,9 @@ def _run_trainer_format(store: Any, strategy: str, fmt: str, out: str) -> dict[s
         groups_per_file=10 if fmt == "slime" else None,
     )
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    if prof:
+        prof.disable()
+        print_profile(prof)
     store.close()
     stats = ExportStats(
         **{k: summary[k] for k in ExportStats.__dataclass_fields__ if k not in ("sampling", "files")}
@@ -316,9 +328,13 @@ def _run_trainer_format(store: Any, strategy: str, fmt: str, out: str) -> dict[s
     }
 
 
-def export_phase(db: Path, tmp: Path, profile: str | None) -> list[dict[str, Any]]:
+def export_phase(
+    db: Path, tmp: Path, profile: str | None, formats: set[str] | None = None
+) -> list[dict[str, Any]]:
     results = []
     for strategy, fmt, path in RUNS:
+        if formats is not None and (strategy if fmt == "none" else fmt) not in formats:
+            continue
         out = tmp / f"out.{strategy}.{fmt}.{path}"
         want = profile == f"{strategy}:{fmt}:{path}"
         cmd = [sys.executable, __file__, "--child", strategy, fmt, path, str(db), str(out)]
@@ -470,9 +486,19 @@ def main() -> int:
     )
     ap.add_argument("--profile", help="cProfile one run, e.g. prefix-merge:jsonl:arrays (printed to stderr)")
     ap.add_argument(
+        "--formats", help="run only these formats' exports, e.g. jsonl,slime,nemo-rl (read: the read runs)"
+    )
+    ap.add_argument(
         "--child", nargs=5, metavar=("STRATEGY", "FORMAT", "PATH", "DB", "OUT"), help=argparse.SUPPRESS
     )
     a = ap.parse_args()
+    formats = set(a.formats.split(",")) if a.formats else None
+    known = {"read", "jsonl", "parquet", *TRAINER_FORMATS}
+    if formats is not None and not formats <= known:
+        ap.error(
+            f"unknown format(s) {', '.join(map(repr, sorted(formats - known)))} in --formats. "
+            f"Must be among {', '.join(map(repr, sorted(known)))}."
+        )
     if a.child:
         print(json.dumps(run_one(*a.child, profile=a.profile)))
         return 0
@@ -497,7 +523,7 @@ def main() -> int:
             build = build_store(db, episodes, calls, context)
             log(f"  {build['seconds']} s, {build['db_mb']} MB")
         log("bench: exports (each in a fresh process) ...")
-        runs = export_phase(db, tmp, a.profile)
+        runs = export_phase(db, tmp, a.profile, formats)
     prompts = None
     if not a.no_prompts:
         log(f"bench: prompt construction over {turns} turns ...")
