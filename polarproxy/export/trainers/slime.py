@@ -122,7 +122,11 @@ class _Files:
         os.fchmod(fd, new_file_mode())
         f = os.fdopen(fd, "wb")
         try:
-            torch.save({"rollout_id": step, "samples": _Pickled(samples)}, f)
+            # torch.save's default protocol, 2, pickles bytes as latin-1 text (`_codecs.encode`): a pass
+            # over every byte, and two for each one over 0x7f; protocol 5 writes them as they are
+            torch.save(
+                {"rollout_id": step, "samples": _Pickled(samples)}, f, pickle_protocol=pickle.HIGHEST_PROTOCOL
+            )
             f.flush()
         except BaseException:
             f.close()
