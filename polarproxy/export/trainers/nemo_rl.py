@@ -12,33 +12,46 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
+
 from polarproxy.export.rows import ExportStats
 from polarproxy.export.trainer_rows import TrainerRow, row_extras
 from polarproxy.export.trainers import TrainerOptions, by_episode, trainer_rows
-from polarproxy.export.trainers.jsonl_lines import floats, write_lines
+from polarproxy.export.trainers.jsonl_lines import ArrayJson, Buffer, Spliced, floats, write_lines
 from polarproxy.reconstruct.trajectory import SpanTrajectory, Trajectory
 
 
-def segment(row: TrainerRow) -> dict[str, Any]:
+def segment(row: TrainerRow, line: Spliced) -> dict[str, Any]:
+    """One linear segment's turns. Each turn's prompt repeats the one before: the tokens' text is made once
+    and cut, and so is the text of the sampled spans' logprobs, one span after the other."""
+    spans = np.asarray(row.spans, dtype=np.int64)  # a row has at least one span (trainer_row)
+    starts, stops = spans[:, 0], spans[:, 1]
+    ids = ArrayJson(row.ids)
+    sampled = ArrayJson(floats(np.concatenate([row.logprobs[a:b] for a, b in row.spans])))
+    ends = np.cumsum(stops - starts)
     return {
-        "prompt_token_ids": [row.ids[:a] for a, _b in row.spans],
-        "completion_token_ids": [row.ids[a:b] for a, b in row.spans],
-        "logprobs": [floats(row.logprobs[a:b]) for a, b in row.spans],
+        "prompt_token_ids": line.arrays(ids.items(np.zeros_like(starts), starts)),
+        "completion_token_ids": line.arrays(ids.items(starts, stops)),
+        "logprobs": line.arrays(sampled.items(ends - (stops - starts), ends)),
         "extra": {"call_id": row.traj.call_ids},
     }
 
 
-def nemo_rl_line(rows: list[TrainerRow]) -> dict[str, Any]:
+def nemo_rl_line(rows: list[TrainerRow]) -> list[Buffer]:
+    """The episode's line, as the buffers to write one after the other."""
     first = rows[0]
     extras = row_extras(first)
     extras["call_ids"] = [c for r in rows for c in r.traj.call_ids]
-    return {
-        "rollout_details": [segment(r) for r in rows],
-        "reward": first.traj.reward,
-        "advantage": first.traj.advantage,
-        "group_id": first.group,
-        "polarproxy": extras,
-    }
+    line = Spliced()
+    return line.parts(
+        {
+            "rollout_details": [segment(r, line) for r in rows],
+            "reward": first.traj.reward,
+            "advantage": first.traj.advantage,
+            "group_id": first.group,
+            "polarproxy": extras,
+        }
+    )
 
 
 def write_nemo_rl(
@@ -46,7 +59,7 @@ def write_nemo_rl(
 ) -> ExportStats:
     stats = ExportStats()
 
-    def lines() -> Iterator[dict[str, Any]]:
+    def lines() -> Iterator[list[Buffer]]:
         for rows in by_episode(trainer_rows(trajectories, stats)):
             yield nemo_rl_line(rows)
 
