@@ -238,6 +238,14 @@ def render_episode(
 
 
 PASSING_TESTS = ("PASSED", "XFAIL")
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c not in (0x09,)}
+
+
+def printable(text: str) -> str:
+    """Text an agent wrote, safe on a terminal: control characters (ESC included) shown as \\xNN."""
+    return text.translate(_CONTROL)
+
+
 PATCH_LINES_SHOWN = 60  # of the agent's diff; `show --full` prints it all
 
 
@@ -253,7 +261,7 @@ def render_reward(console: Console, rewards: list[RewardRecord], *, full: bool =
     origin += f" (exit {o.exit_code})" if o.exit_code is not None else ""
     console.print(Text.assemble(("reward ", "bold"), _reward(r.reward), f"  from {origin}"))
     if o.note:
-        console.print(Text(f"  {o.note}", style="dim"))
+        console.print(Text(f"  {printable(o.note)}", style="dim"))
     if o.grading:
         tests: dict[str, str] = o.grading.get("tests") or {}
         failing = {t: s for t, s in tests.items() if s not in PASSING_TESTS}
@@ -262,12 +270,12 @@ def render_reward(console: Console, rewards: list[RewardRecord], *, full: bool =
         console.print(
             Text(
                 f"  tests: {len(tests) - len(failing)} of {len(tests)} passed"
-                f"{', ' + verdict if verdict else ''} (parser: {o.grading.get('parser') or 'unknown'})",
+                f"{', ' + verdict if verdict else ''} (parser: {printable(str(o.grading.get('parser') or 'unknown'))})",
                 style="green" if resolved else "yellow",
             )
         )
         for test, status in list(failing.items())[:10]:
-            console.print(Text(f"    {status} {test}", style="red"))
+            console.print(Text(f"    {printable(status)} {printable(test)}", style="red"))
         if len(failing) > 10:
             console.print(Text(f"    ... and {len(failing) - 10} more", style="dim"))
     if o.patch:
@@ -276,7 +284,7 @@ def render_reward(console: Console, rewards: list[RewardRecord], *, full: bool =
         console.print(Text(f"  the agent's changes ({len(lines)} diff lines):", style="bold"))
         for line in shown:
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
-            console.print(Text("    " + line, style=style))
+            console.print(Text("    " + printable(line), style=style))
         if len(shown) < len(lines):
             console.print(
                 Text(f"    ... {len(lines) - len(shown)} more lines (--full shows them)", style="dim")

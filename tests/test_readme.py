@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shlex
 import signal
@@ -51,20 +52,37 @@ def argv_of(line: str, port: str) -> tuple[list[str], bool]:
     """The line as an argv for this interpreter, and whether it runs in the background (`&`)."""
     words = shlex.split(line, comments=True)
     background = words[-1] == "&"
-    words = [w.replace(README_PORT, port) for w in (words[:-1] if background else words)]
+    words = [
+        port if w == README_PORT else w.replace(f":{README_PORT}", f":{port}")
+        for w in (words[:-1] if background else words)
+    ]
     assert words[0] == "polarproxy", f"README line does not start with polarproxy: {line}"
     return [sys.executable, "-m", "polarproxy", *words[1:]], background
 
 
-def url_on_stderr(proc: subprocess.Popen[str], pattern: str, lines: list[str]) -> str:
+def url_on_stderr(proc: subprocess.Popen[str], pattern: str, lines: list[str], timeout: float = 120) -> str:
+    """The first match of `pattern` on the process's stderr (which is drained from then on); an
+    AssertionError with what it printed when none comes within `timeout` seconds or the process ends."""
     assert proc.stderr is not None
-    for line in proc.stderr:
-        lines.append(line)
-        m = re.search(pattern, line)
-        if m:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
-            return m.group(1)
-    raise AssertionError("no URL on stderr:\n" + "".join(lines))
+    found: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            m = re.search(pattern, line)
+            if m:
+                found.put(m.group(1))
+        found.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        url = found.get(timeout=timeout)
+    except queue.Empty:
+        url = None
+    if url is None:
+        raise AssertionError(f"no URL on stderr within {timeout:g} s:\n" + "".join(lines))
+    return url
 
 
 @pytest.fixture

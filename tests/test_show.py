@@ -37,7 +37,11 @@ def test_show_prints_the_reward_with_the_graders_tests_and_the_agents_diff(recor
 
     db, ep, _ = recorded
     patch = "".join(f"diff --git a/f{i}.py b/f{i}.py\n-old\n+new\n" for i in range(30))  # 90 lines
-    grading = {"resolved": False, "parser": "pytest -rA", "tests": {"t::a": "PASSED", "t::b": "FAILED"}}
+    grading = {
+        "resolved": False,
+        "parser": "pytest -rA",
+        "tests": {"t::a": "PASSED", "t::b": "FAILED", "t::\x1b]0;owned\x07": "FAILED"},
+    }
     with Store.open(db) as store:
         store.finish_episode(ep, status="ok", exit_code=1, stages={"prewarm": 0.25, "execute": 3.5})
         store.set_rewards(
@@ -51,7 +55,8 @@ def test_show_prints_the_reward_with_the_graders_tests_and_the_agents_diff(recor
     assert r.exit_code == 0, r.output
     assert "reward 0  from command `python3 grade.py` (exit 1)" in r.stdout
     assert "stages: prewarm 0.25 s, execute 3.50 s" in r.stdout
-    assert "tests: 1 of 2 passed, not resolved (parser: pytest -rA)" in r.stdout and "FAILED t::b" in r.stdout
+    assert "tests: 1 of 3 passed, not resolved (parser: pytest -rA)" in r.stdout and "FAILED t::b" in r.stdout
+    assert "\x1b" not in r.stdout and "FAILED t::\\x1b]0;owned\\x07" in r.stdout  # the agent's escapes, shown
     assert (
         "the agent's changes (90 diff lines):" in r.stdout
         and "... 30 more lines (--full shows them)" in r.stdout

@@ -13,6 +13,7 @@ from polarproxy.capture.gateway import Gateway
 from polarproxy.capture.mitm import RunningMitm, start_mitm
 from polarproxy.capture.stack import ProxyConfig, Stack, close_stack, episode_start
 from polarproxy.store.ids import new_episode_id
+from polarproxy.store.records import EpisodeStart
 
 
 @dataclass
@@ -31,6 +32,8 @@ async def start_proxy(
     confdir: Path | None = None,
     sock: socket.socket
     | None = None,  # a listening socket to serve (mitm.bind_listener) instead of host:port
+    default_start: EpisodeStart
+    | None = None,  # what the default episode starts with (made by its first call)
 ) -> RunningProxy:
     recorder = Recorder(
         gateway=gateway,
@@ -38,6 +41,7 @@ async def start_proxy(
         default_episode=default_episode,
         model_name=model_name,
     )
+    recorder.default_start = default_start  # set before it serves: the first call may come at once
     options: dict[str, object] = {
         "mode": [f"reverse:{gateway.backend.url}"],
         "connection_strategy": "lazy",
@@ -56,6 +60,7 @@ async def serve_recorder(
     host: str = "127.0.0.1",
     port: int = 0,
     sock: socket.socket | None = None,
+    default_start: EpisodeStart | None = None,
 ) -> RunningProxy:
     """mitmproxy with the recorder (on host:port, or serving `sock`), calls that name no episode going to
     `episode_id` (None: none; with a control token every call needs an episode's key); once it serves, the
@@ -68,6 +73,7 @@ async def serve_recorder(
         host=host,
         port=port,
         sock=sock,
+        default_start=default_start,
     )
     stack.renderer.load_in_background()
     return proxy
@@ -79,9 +85,10 @@ async def start_episode(stack: Stack, cfg: ProxyConfig, command: list[str]) -> t
     empty episode behind."""
     episode_id = new_episode_id()
     try:
-        proxy = await serve_recorder(stack, episode_id, host=cfg.host, port=cfg.port)
+        proxy = await serve_recorder(
+            stack, episode_id, host=cfg.host, port=cfg.port, default_start=episode_start(cfg, command)
+        )
     except BaseException:
         await close_stack(stack)
         raise
-    proxy.recorder.default_start = episode_start(cfg, command)
     return episode_id, proxy

@@ -73,6 +73,7 @@ EPISODES_PATH = "/polarproxy/v1/episodes"
 TRAJECTORIES_PATH = "/polarproxy/v1/trajectories"
 HEALTH_PATH = "/health"
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+MAX_NOTE_CHARS = 4_000  # a verifier's note, as kept with a reward set through finish
 _EPISODE_ACTION = re.compile(f"^/polarproxy/v1/episodes/({EPISODE_ID})/(finish|reward)/?$")
 MAX_WAIT_S = 300.0
 SAMPLING_METADATA = "sampling"  # the episode metadata key that holds its own sampling values
@@ -389,6 +390,10 @@ class Control:
         for name, value in (("note", note), ("patch", patch)):
             if value is not None and not isinstance(value, str):
                 raise BadRequest(f"'{name}' must be a string, got {type(value).__name__}.")
+        if reward is None and (note, patch, grading) != (None, None, None):
+            raise BadRequest("'note', 'patch' and 'grading' are stored with the reward: give 'reward' too.")
+        if note is not None and len(note) > MAX_NOTE_CHARS:
+            note = note[:MAX_NOTE_CHARS] + "…"
         stages = body.get("stages")
         if stages is not None:
             if not isinstance(stages, dict):

@@ -243,4 +243,9 @@ def run_verifier(
         except RewardParseError as e:
             result.reward, result.set_episode = None, True
             result.note = f"no reward: {e} (exit code {exit_code})"
+    resolved = (result.grading or {}).get("resolved")
+    if isinstance(resolved, bool) and result.reward is not None and resolved != (result.reward >= 1.0):
+        # a grader that stopped after the tests' own output: its last line may be theirs (the agent's code)
+        result.grading = None
+        result.note = f"{result.note}; the output's test results disagree with the reward: not kept"
     return result

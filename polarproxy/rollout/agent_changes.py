@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polarproxy.rollout.copying import under_link
+
 CACHE_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 HARNESS_DIRS = {".codex", ".claude", ".qwen", ".gemini", ".opencode", ".pi"}
 STEERING_FILES = {"conftest.py", "pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"}
@@ -148,6 +150,7 @@ def apply_agent_changes(baseline: Path, agent: Path, into: Path) -> ChangeReport
         if reason is not None:
             report.leave_out(str(rel), reason)
             continue
-        _remove(into / rel)
+        if not under_link(into, rel):  # else a link the agent put in a folder's place holds it: gone already
+            _remove(into / rel)
         report.deleted.append(str(rel))
     return report

@@ -74,6 +74,30 @@ def _inside(root: Path, link: Path) -> bool:
     return real == root or root in real.parents
 
 
+def _relative_target(root: Path, link: Path) -> str | None:
+    """The link's target, relative to its folder, when it stays inside `root` both as written and resolved;
+    else None. An absolute target is made relative: in the copy it must name the copy's file, never lead back
+    into the folder it was copied from (the agent's live workspace, whose links out were not copied)."""
+    lexical = Path(os.path.normpath(os.path.join(link.parent, os.readlink(link))))
+    if not (lexical == root or root in lexical.parents) or not _inside(root, link):
+        return None
+    return os.path.relpath(lexical, link.parent)
+
+
+def under_link(root: Path, rel: Path) -> bool:
+    """Whether a folder on the way from `root` to `root/rel` is a symlink (or not a folder): a path to read or
+    change through there would go where the link leads, not where `rel` says."""
+    here = root
+    for part in rel.parts[:-1]:
+        here = here / part
+        try:
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                return True
+        except FileNotFoundError:
+            return False
+    return False
+
+
 def copy_workspace(src: Path, dst: Path, *, max_bytes: int | None) -> CopyReport:
     """Copy `src` to `dst` (which must not exist) as described above. Raises WorkspaceTooLarge past
     `max_bytes` (apparent sizes), OSError when a file cannot be read."""
@@ -95,8 +119,9 @@ def copy_workspace(src: Path, dst: Path, *, max_bytes: int | None) -> CopyReport
             st = os.lstat(path)
             mode = st.st_mode
             if stat.S_ISLNK(mode):
-                if _inside(root, path):
-                    os.symlink(os.readlink(path), out / name)
+                target = _relative_target(root, path)
+                if target is not None:
+                    os.symlink(target, out / name)
                     report.files += 1
                 else:
                     report.skip("link-out")

@@ -141,7 +141,8 @@ class ControlEpisodes:
         if result is not None:
             self._store_result(episode_id, result)
             reward = result.reward if result.set_episode else None
-            graded = Graded(note=result.note, patch=result.patch, grading=result.grading)
+            if reward is not None:  # stored with the episode's reward (per-call rewards carry none)
+                graded = Graded(note=result.note, patch=result.patch, grading=result.grading)
         self._do(
             self.client.finish_episode,
             episode_id,

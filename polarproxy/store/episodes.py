@@ -55,11 +55,14 @@ def _insert_unless_exists(conn: Connection) -> Any:
     return E.insert()
 
 
-_NEWEST = re.compile(r"^@(\d+)$")
+MAX_STAGES = 16
+_NEWEST = re.compile(r"^@([0-9]{1,9})$")
 
 
 def valid_stages(stages: Mapping[str, object]) -> dict[str, float]:
     """Stage name -> seconds (a finite number >= 0); ValueError naming the bad entry."""
+    if len(stages) > MAX_STAGES:
+        raise ValueError(f"{len(stages)} stages given; at most {MAX_STAGES}.")
     out = {}
     for name, seconds in stages.items():
         if not isinstance(name, str) or not name or len(name) > 64:

@@ -35,6 +35,7 @@ KEEP = _Keep()
 
 MAX_PATCH_CHARS = 256_000  # a diff longer than this keeps its head and says how much was cut
 MAX_GRADING_TESTS = 5_000  # per-test results kept with a reward; the rest are counted
+MAX_TEST_ID_CHARS = 1_000  # a longer test ID is cut
 
 
 def bounded_patch(patch: str | None) -> str | None:
@@ -68,9 +69,12 @@ def grading_json(grading: Mapping[str, Any]) -> str:
     """The grader's results as stored: at most MAX_GRADING_TESTS tests (the count of the rest kept)."""
     kept = dict(grading)
     tests = kept.get("tests")
-    if isinstance(tests, dict) and len(tests) > MAX_GRADING_TESTS:
-        kept["tests"] = dict(list(tests.items())[:MAX_GRADING_TESTS])
-        kept["tests_not_stored"] = len(tests) - MAX_GRADING_TESTS
+    if isinstance(tests, dict):
+        if len(tests) > MAX_GRADING_TESTS:
+            kept["tests_not_stored"] = len(tests) - MAX_GRADING_TESTS
+        kept["tests"] = {
+            str(t)[:MAX_TEST_ID_CHARS]: str(s)[:64] for t, s in list(tests.items())[:MAX_GRADING_TESTS]
+        }
     return orjson.dumps(kept).decode()
 
 

@@ -137,8 +137,14 @@ class StoreWriter:
         """Create the episode a harness named unless this writer knows it; an ended one runs again."""
         if episode_id in self._known_episodes:
             return
-        await self._submit(spool.op_create_episode(episode_id, start, self.identity.id, reopen=True))
+        # known from now on: a call that comes meanwhile queues behind this create (one writer thread, in
+        # order), and an end (serve's stop) finishes it
         self._known_episodes.add(episode_id)
+        try:
+            await self._submit(spool.op_create_episode(episode_id, start, self.identity.id, reopen=True))
+        except BaseException:
+            self._known_episodes.discard(episode_id)
+            raise
 
     async def begin_call(self, start: CallStart) -> tuple[str, int]:
         """(call ID, seq); seq is -1 while the call waits in the spool (the database assigns it on replay)."""

@@ -343,6 +343,8 @@ def test_finish_stores_the_verifiers_note_diff_and_tests_with_the_reward(serving
         assert bad.status_code == 400 and "'grading' must be an object" in bad.json()["error"]
         bad = h.post(f"/polarproxy/v1/episodes/{other}/finish", json={"reward": 1.0, "patch": 7})
         assert bad.status_code == 400 and "'patch' must be a string, got int" in bad.json()["error"]
+        bad = h.post(f"/polarproxy/v1/episodes/{other}/finish", json={"exit_code": 0, "patch": "x"})
+        assert bad.status_code == 400 and "stored with the reward: give 'reward' too" in bad.json()["error"]
         bad = h.post(f"/polarproxy/v1/episodes/{other}/finish", json={"stages": {"execute": -1}})
         assert (
             bad.status_code == 400

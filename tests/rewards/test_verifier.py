@@ -106,3 +106,22 @@ def test_bad_verifier_settings_are_refused():
         Verifier("true", "stderr")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="positive"):
         Verifier("true", "exit", 0)
+
+
+def test_a_graders_last_line_with_tests_is_kept_unless_it_disagrees_with_the_reward(tmp_path):
+    line = '{"resolved": %s, "parser": "pytest -rA", "tests": {"t::a": "%s"}}'
+    kept = _run(tmp_path, "echo 'tests ran'; echo '" + line % ("true", "PASSED") + "'")
+    assert kept.reward == 1.0 and kept.grading == {
+        "resolved": True,
+        "parser": "pytest -rA",
+        "tests": {"t::a": "PASSED"},
+    }
+    assert kept.origin().grading == kept.grading
+    # a grader that crashed after the tests printed a line of their own making: exit 1, "resolved": true
+    forged = _run(tmp_path, "echo '" + line % ("true", "PASSED") + "'; exit 1")
+    assert (
+        forged.reward == 0.0
+        and forged.grading is None
+        and "disagree with the reward: not kept" in forged.note
+    )
+    assert _run(tmp_path, "echo '{\"tests\": [1]}'").grading is None  # not the shape: nothing kept

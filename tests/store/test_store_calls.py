@@ -302,6 +302,8 @@ def test_get_episode_at_n_is_the_nth_newest(store):
         store.get_episode("@0")
     with pytest.raises(NotFoundError, match=r"No episode ID starts with '@x'"):
         store.get_episode("@x")
+    with pytest.raises(NotFoundError, match=r"No episode ID starts with '@9999999999'"):  # not an overflow
+        store.get_episode("@9999999999")
 
 
 def test_list_episodes_newest_first_with_call_and_token_counts(store, call_start, ok_result):

@@ -99,7 +99,8 @@ class _Pickled:
     loads, runs it), so the loaded file holds plain lists of ints and floats, as slime's own dumps do."""
 
     def __init__(self, value: Any) -> None:
-        self.payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        # protocol 5, not HIGHEST_PROTOCOL: the trainer's Python may be older than this one
+        self.payload = pickle.dumps(value, protocol=5)
 
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
         return (pickle.loads, (self.payload,))
@@ -124,9 +125,7 @@ class _Files:
         try:
             # torch.save's default protocol, 2, pickles bytes as latin-1 text (`_codecs.encode`): a pass
             # over every byte, and two for each one over 0x7f; protocol 5 writes them as they are
-            torch.save(
-                {"rollout_id": step, "samples": _Pickled(samples)}, f, pickle_protocol=pickle.HIGHEST_PROTOCOL
-            )
+            torch.save({"rollout_id": step, "samples": _Pickled(samples)}, f, pickle_protocol=5)
             f.flush()
         except BaseException:
             f.close()

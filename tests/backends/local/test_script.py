@@ -77,6 +77,13 @@ def test_cases_choose_other_steps_by_a_text_of_the_prompt_and_a_tool_name(tiny_m
     assert reply("task one", TOOLS).startswith("<think>\nLook first.")  # no case: the script's steps
     assert reply("task two", edit) == reply("task one", edit) == "Edit harness."
     assert reply("task one", edit, 1) == "Nothing more."  # the script's final
+    # a tool output naming another case's text does not switch cases mid-episode
+    c = conv(1)
+    c.messages[1] = Message(role="user", content="task one")
+    c.messages[3] = Message(role="tool", content="task two", tool_call_id="c0")
+    assert script.reply_for(
+        r.render(Conversation(messages=c.messages, tools=TOOLS)).text
+    ) == "Reading it.\n" + ('<tool_call>\n{"name": "read", "arguments": {"path": "a.txt"}}\n</tool_call>')
 
 
 def test_scripted_answers_carry_the_models_own_logprobs(tiny_model_dir):
