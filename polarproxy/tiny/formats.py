@@ -72,9 +72,8 @@ class Family:
         arr = ", ".join(json.dumps({"name": n, "arguments": a}, ensure_ascii=False) for n, a in calls)
         return head + f"[TOOL_CALLS] [{arr}]"
 
-    def step_index(self, prompt_text: str) -> int:
-        """Assistant turns since the last user query (a user turn that is not tool results), not counting
-        the generation prompt: which scripted step a prompt asks for."""
+    def last_query(self, prompt_text: str) -> int:
+        """Where the last user query (a user turn that is not tool results) starts (0: none)."""
         start = 0
         pos = prompt_text.find(self.user_marker)
         while pos >= 0:
@@ -82,8 +81,19 @@ class Family:
             if self.tool_result_marker is None or not body.startswith(self.tool_result_marker):
                 start = pos
             pos = prompt_text.find(self.user_marker, pos + 1)
-        turns = prompt_text.count(self.turn_marker, start)
+        return start
+
+    def step_index(self, prompt_text: str) -> int:
+        """Assistant turns since the last user query, not counting the generation prompt: which scripted
+        step a prompt asks for."""
+        turns = prompt_text.count(self.turn_marker, self.last_query(prompt_text))
         return max(turns - 1, 0) if self.counts_generation_prompt else turns
+
+    def task_part(self, prompt_text: str) -> str:
+        """The prompt up to the end of its last user query: system, tools, context and the task, without the
+        answers and tool outputs of the turns since."""
+        end = prompt_text.find(self.turn_marker, self.last_query(prompt_text))
+        return prompt_text if end < 0 else prompt_text[:end]
 
 
 def _hermes(name: str, args: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ A script file (YAML or JSON):
 Cases let one script play a different policy per task (a text of its prompt) and per harness (the name of
 a tool only that harness offers: Codex `exec_command`, Claude Code `Bash`, Qwen Code `run_shell_command`),
 so that one policy solves some tasks under one harness and fails them under another. A case looks at the
-prompt before its first assistant turn (system, tools, the task), never at tool outputs.
+prompt up to its last user query (system, tools, the task), never at the tool outputs since.
 
 Which step a call gets is read from its prompt, so the backend keeps no state and concurrent episodes
 do not interfere: it is the number of assistant turns since the last user message that is not a tool
@@ -174,10 +174,9 @@ class Script:
         prompt."""
         if family is None:
             family = HERMES_THINK
-        # cases look at the prompt before its first assistant turn (system, tools, the task): never at tool
-        # outputs or answers, which could name another case's text or tool
-        first_turn = prompt_text.find(family.turn_marker)
-        head = prompt_text if first_turn < 0 else prompt_text[:first_turn]
+        # cases look at the prompt up to its last user query (system, tools, the task): never at the tool
+        # outputs or answers since, which could name another case's text or tool
+        head = family.task_part(prompt_text)
         case = next((c for c in self.cases if c.matches(head)), None)
         steps = case.steps if case is not None else self.steps
         final = case.final if case is not None and case.final is not None else self.final

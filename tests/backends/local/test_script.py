@@ -77,6 +77,15 @@ def test_cases_choose_other_steps_by_a_text_of_the_prompt_and_a_tool_name(tiny_m
     assert reply("task one", TOOLS).startswith("<think>\nLook first.")  # no case: the script's steps
     assert reply("task two", edit) == reply("task one", edit) == "Edit harness."
     assert reply("task one", edit, 1) == "Nothing more."  # the script's final
+    # a harness that opens with a context exchange (Qwen Code, Gemini CLI: user context, assistant "Got
+    # it.") before the task: the task still chooses the case
+    opened = [
+        Message(role="system", content="sys"),
+        Message(role="user", content="Here is the context."),
+        Message(role="assistant", content="Got it."),
+        Message(role="user", content="task two"),
+    ]
+    assert script.reply_for(r.render(Conversation(messages=opened, tools=TOOLS)).text) == "Two with read."
     # a tool output naming another case's text does not switch cases mid-episode
     c = conv(1)
     c.messages[1] = Message(role="user", content="task one")
