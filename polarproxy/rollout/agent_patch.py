@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from polarproxy.rollout.agent_changes import ChangeReport
-from polarproxy.rollout.copying import under_link
+from polarproxy.rollout.copying import no_follow, under_link
 
 MAX_PATCH_CHARS = 200_000
 MAX_DIFF_FILE_BYTES = 1 << 20
@@ -57,8 +57,7 @@ def _text(root: Path, rel: str) -> list[str] | str | None:
         return "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
     if st.st_size > MAX_DIFF_FILE_BYTES:
         return f"{st.st_size} bytes"
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
+    with open(path, "rb", opener=no_follow) as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             return "not a regular file"
         data = f.read(MAX_DIFF_FILE_BYTES + 1)

@@ -144,12 +144,13 @@ def copy_workspace(src: Path, dst: Path, *, max_bytes: int | None) -> CopyReport
                     f"the workspace holds more than {max_bytes} bytes (at {path.relative_to(root)}); "
                     "raise --max-workspace-bytes, or the agent wrote too much"
                 )
-            with open(path, "rb", opener=_no_follow) as fsrc, open(out / name, "xb") as fdst:
+            with open(path, "rb", opener=no_follow) as fsrc, open(out / name, "xb") as fdst:
                 clone_data(fsrc, fdst)
             os.chmod(out / name, stat.S_IMODE(mode))
             report.files += 1
     return report
 
 
-def _no_follow(path: str, flags: int) -> int:
+def no_follow(path: str, flags: int) -> int:
+    """An `open()` opener that never follows a link at the path's end and never blocks on a FIFO."""
     return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))

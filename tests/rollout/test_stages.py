@@ -241,3 +241,16 @@ def test_rollout_id_with_episodes_is_refused_without_resume(tmp_path: Path) -> N
     with pytest.raises(UsageError, match="already has episodes") as e:
         Rollout(Plan(tasks, 1, 1), _settings(episodes, "true")).run()
     assert "--resume" in (e.value.hint or "")
+
+
+def test_a_key_the_agent_wrote_into_its_changes_is_redacted_in_the_stored_diff(tmp_path: Path) -> None:
+    """The agent's diff is stored with the reward (and shown, exported): a secret the agent copied into a
+    file does not reach the store through it (T5)."""
+    key = "sk-proj-abcdefghijklmnopqrstuvwx0123"
+    path = _tasks(tmp_path, verify="cmp answer tests/expected", grade_from="patch")
+    episodes = MemoryEpisodes()
+    agent = f"echo solved > answer && echo 'OPENAI_API_KEY={key}' > leak.env"
+    jobs = Rollout(Plan(load_tasks(path), 1, 1), _settings(episodes, agent)).run()
+    (result,) = episodes.rewards[jobs[0].episode.episode_id]
+    assert jobs[0].reward == 1.0 and "diff --git a/leak.env b/leak.env" in result.patch
+    assert key not in result.patch and "<redacted>" in result.patch

@@ -150,7 +150,10 @@ def test_the_official_log_parser_reads_a_repository_swebench_knows_and_pytests_l
 ) -> None:
     """The same instance as psf/requests (SWE-bench's parser: parse_log_pytest_options), as django/django
     (SWE-bench runs it with its own runner, not pytest: pytest's lines are read), and as acme/calc (unknown)."""
-    swebench = pytest.importorskip("swebench", reason="the swebench extra (make test installs it)")
+    if os.environ.get("CI"):  # the test extra installs it: in CI its absence fails the test
+        import swebench
+    else:
+        swebench = pytest.importorskip("swebench", reason="the swebench extra (pip install '.[swebench]')")
     source, repos, _gold = instance
     row = json.loads(source.read_text())
     fix = "python3 -c \"import pathlib;p=pathlib.Path('calc.py');p.write_text(p.read_text().replace('return a - b','return a + b',1))\""

@@ -224,6 +224,32 @@ def test_replaying_a_spool_twice_stores_each_call_once(tmp_path, spool_root):
     assert store.get_episode(ep).status == "running"  # the torn record was never acknowledged: not applied
 
 
+def test_a_spooled_end_keeps_its_stage_times_and_its_graded_reward(tmp_path, spool_root):
+    """What a rollout episode's end carries besides its status (stage times; the reward's diff and per-test
+    results) survives an outage: written to the spool, replayed as it was (T6)."""
+    from polarproxy.store.records import RewardOrigin
+
+    store = Store.open(tmp_path / "g.db")
+    ep = store.create_episode(EpisodeStart(command=["x"]))
+    grading = {"resolved": True, "parser": "pytest -rA", "tests": {"t::a": "PASSED"}}
+    origin = RewardOrigin(source="command", note="exit code 0", patch="diff --git a/f b/f\n", grading=grading)
+    path = tmp_path / "end.spool"
+    f = spool.SpoolFile(path)
+    f.append([spool.op_set_rewards(ep, 1.0, True, {}, origin)])
+    f.append([spool.op_finish_episode(ep, "ok", 0, {"prewarm": 0.5, "execute": 3.0, "evaluate": 1.0})])
+    f.close()
+    _, res = spool.replay(store, path)
+    assert res.done and res.ops == 2
+    (reward,) = store.list_rewards(ep)
+    assert (reward.reward, reward.origin.patch, reward.origin.grading) == (
+        1.0,
+        "diff --git a/f b/f\n",
+        grading,
+    )
+    got = store.get_episode(ep)
+    assert (got.status, got.stages) == ("ok", {"prewarm": 0.5, "execute": 3.0, "evaluate": 1.0})
+
+
 def test_a_spooled_begin_keeps_the_parsed_conversation_as_the_store_keeps_it(tmp_path, spool_root):
     """The gateway's CallStart carries its parsed Conversation (made plain data by the writer): a spooled
     begin is written as `conversation_dict()`, and its replay stores the same conversation (T3)."""
