@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +28,49 @@ def shared_template(name: str) -> Path:
     return path
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+QWEN3_4B = {  # Qwen3-4B's config.json: the plan needs nothing else (no weights are read)
+    "architectures": ["Qwen3ForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 2560,
+    "intermediate_size": 9728, "max_position_embeddings": 40960, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000, "tie_word_embeddings": True, "vocab_size": 151936,
+}  # fmt: skip
+
+
 def record_summary(stderr: str) -> dict[str, Any]:
     """The JSON summary `polarproxy record --json` prints on stderr once the harness has exited."""
     start = stderr.rindex('{\n  "episode_id"')
     return json.JSONDecoder().raw_decode(stderr[start:])[0]
+
+
+def record_tool_agent(
+    backend_url: str,
+    model: Path,
+    db: Path,
+    ws: Path,
+    group: str,
+    reward: int,
+    *extra: str,
+    exit_codes: tuple[int, ...] = (0,),
+) -> str:
+    """Record examples/tool_agent.py in `ws` under `polarproxy record --json` into `db`, in task `task-GROUP`
+    and group GROUP, with `reward` given by a `--reward-cmd`; the episode's ID. `exit_codes`: the agent's
+    allowed (1: a sample at temperature 1 that did not finish in its six turns)."""
+    argv = [sys.executable, "-m", "polarproxy", "record", "--backend", backend_url, "--model", str(model)]
+    argv += ["--db", str(db), "--task", f"task-{group}", "--group", group, "--json"]
+    argv += [
+        "--reward-cmd",
+        f"exit {1 - reward}",
+        *extra,
+        "--",
+        sys.executable,
+        str(REPO / "examples" / "tool_agent.py"),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's polarproxy, run from the workspace
+    r = subprocess.run(argv, cwd=ws, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode in exit_codes, r.stderr[-2000:]
+    return record_summary(r.stderr)["episode_id"]
 
 
 def call_start(episode_id: str, prompt: list[int], **kw: Any) -> CallStart:

@@ -1,10 +1,11 @@
 """Every `polarproxy ...` line in the fenced blocks of README.md and docs/ parses against today's CLI: the
 command exists, each option is one it takes, each closed choice is one it allows, each number is a number.
 
-Docs drift where nothing runs them; tests/test_readme.py runs the README's "By hand" block, the other
-CPU-runnable blocks are run by the tests of their features (which parse the same command lines), and those
-needing a GPU, Docker, Apptainer or a harness CLI are marked in their page as not run here. This test is
-the net under all of them: it runs nothing, it only parses (click's own parser, as `polarproxy` would).
+Docs drift where nothing runs them; tests/test_readme.py runs the README's "By hand" block,
+tests/test_docs_run.py and tests/export/test_trainer_docs.py the CPU-runnable blocks of docs/, and those
+needing a GPU, Docker, Apptainer or a harness CLI are labelled in their page as not run here. This test is
+the net under all of them, labelled blocks and prose included: it runs nothing, it only parses (click's own
+parser, as `polarproxy` would).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from polarproxy.commands.proxy_options import (
     TopPOpt,
     proxy_config,
 )
-from polarproxy.commands.support import DbOpt, ModelOpt, fail, need, print_json, usage_fail
+from polarproxy.commands.support import DbOpt, ModelOpt, fail, need, print_json, typed, usage_fail
 
 
 def rollout(
@@ -190,7 +190,7 @@ def rollout(
             "--resume needs the --rollout-id of the rollout to resume.",
             "It is printed when a rollout starts.",
         )
-    if serve is not None and (backend or model or db):
+    if serve is not None and typed("backend", "model", "db"):
         usage_fail(
             "--serve and --backend/--model/--db exclude each other.", "The running gateway has its own."
         )

@@ -53,6 +53,24 @@ def need(module: str, command: str, extra: str) -> None:
         )
 
 
+def typed(*names: str) -> bool:
+    """Whether any of the current command's parameters `names` was given on its command line (not by its
+    environment variable or default): options that exclude each other do so as typed, so that an exported
+    `POLARPROXY_DB` does not make `rollout --serve` a usage error."""
+    try:  # typer 0.26-0.28 carry their own click (setup.cfg's range); older ones use click's
+        from typer._click.core import ParameterSource
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click.core import ParameterSource  # type: ignore[no-redef]
+        from click.globals import get_current_context  # type: ignore[no-redef]
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:  # called outside a command (a library caller): every value counts as given
+        return True
+    typed_in = (ParameterSource.COMMANDLINE, ParameterSource.PROMPT)
+    return any(ctx.get_parameter_source(name) in typed_in for name in names)
+
+
 def usage_fail(message: str, hint: str | None = None) -> NoReturn:
     """A usage error: `Error: <what>` then a hint, exit 2."""
     _error(message, hint, code=2)

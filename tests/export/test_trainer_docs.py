@@ -8,60 +8,26 @@ parsed (bash -n, compile, YAML), and must say why."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from docblocks import NOT_RUN, code_blocks
 from test_trainer_formats import GROUPS, _record
 
 from polarproxy.integrations.verl_replay import AGENT_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "trainers.md"
-NOT_RUN = "# not run here:"
 RUNNERS = ("bash", "python")  # the languages a block may be run in; others must say why they are not
-FENCE = re.compile(r"^```(\S*)")
-
-
-@dataclass(frozen=True, slots=True)
-class Block:
-    line: int  # the line of its opening fence, from 1
-    lang: str
-    code: str
-
-    @property
-    def skipped_because(self) -> str | None:
-        first = self.code.split("\n", 1)[0]
-        return first.removeprefix(NOT_RUN).strip() if first.startswith(NOT_RUN) else None
-
-
-def code_blocks(text: str) -> list[Block]:
-    """The fenced blocks of a Markdown text (``` fences at the start of a line), in order."""
-    blocks: list[Block] = []
-    opened: tuple[int, str] | None = None
-    body: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        fence = FENCE.match(line)
-        if opened is None and fence:
-            opened, body = (number, fence.group(1)), []
-        elif opened is not None and line.rstrip() == "```":
-            blocks.append(Block(opened[0], opened[1], "\n".join(body) + "\n"))
-            opened = None
-        elif opened is not None:
-            body.append(line)
-    if opened is not None:
-        raise ValueError(f"{DOC.name}:{opened[0]}: a code block is never closed.")
-    return blocks
 
 
 def test_each_block_of_the_trainer_docs_runs_here_or_says_why_not_and_parses() -> None:
-    blocks = code_blocks(DOC.read_text())
+    blocks = code_blocks(DOC)
     for block in blocks:
-        where = f"{DOC.name}:{block.line} ({block.lang or 'no language'})"
+        where = block.where
         reason = block.skipped_because
         if reason is None:
             assert block.lang in RUNNERS, f"{where}: runs in none of {RUNNERS}; label it `{NOT_RUN} WHY`."
@@ -102,7 +68,7 @@ def test_the_runnable_snippets_of_the_trainer_docs_run_as_written(backend, tiny_
         "HF_HUB_OFFLINE": "1",
     }
     ran = []
-    for block in code_blocks(DOC.read_text()):
+    for block in code_blocks(DOC):
         if block.skipped_because is not None:
             continue
         argv = ["bash", "-euo", "pipefail", "-c"] if block.lang == "bash" else [sys.executable, "-c"]

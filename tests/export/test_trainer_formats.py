@@ -18,30 +18,14 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from factories import call_start, record_summary
+from factories import call_start
+from factories import record_tool_agent as _record
 
 from polarproxy.store import CallResult, EpisodeStart, Store
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 GROUPS = {"g1": (1, 0), "g2": (0, 1)}  # each group: two samples, one solved
-
-
-def _record(backend_url: str, model: Path, db: Path, ws: Path, group: str, reward: int, *extra: str) -> str:
-    argv = [sys.executable, "-m", "polarproxy", "record", "--backend", backend_url, "--model", str(model)]
-    argv += ["--db", str(db), "--task", f"task-{group}", "--group", group, "--json"]
-    argv += [
-        "--reward-cmd",
-        f"exit {1 - reward}",
-        *extra,
-        "--",
-        sys.executable,
-        str(REPO / "examples/tool_agent.py"),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's polarproxy, run from the workspace
-    r = subprocess.run(argv, cwd=ws, capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return record_summary(r.stderr)["episode_id"]
 
 
 def _branch(store: Store, episode_id: str) -> list[str]:

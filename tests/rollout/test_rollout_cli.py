@@ -159,6 +159,14 @@ def test_min_samples_above_samples_is_a_usage_error() -> None:
     assert result.exit_code == 2 and "--min-samples 3 must be between 1 and --samples (2)" in result.output
 
 
+def test_serve_and_a_typed_store_or_backend_exclude_each_other(tmp_path: Path) -> None:
+    for typed in (["--db", str(tmp_path / "x.db")], ["--backend", "http://127.0.0.1:9"]):
+        args = [str(EXAMPLE / "tasks.jsonl"), "--serve", "http://127.0.0.1:9", *typed, "--", "true"]
+        result = _cli(*args)
+        assert result.exit_code == 2, result.output
+        assert "--serve and --backend/--model/--db exclude each other" in result.output
+
+
 def test_rollout_against_a_running_serve_through_its_control_api(
     stub_backend, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -196,7 +204,13 @@ def test_rollout_against_a_running_serve_through_its_control_api(
             capture_output=True,
             text=True,
             timeout=120,
-            env={**os.environ, "POLARPROXY_CONTROL_TOKEN": token},
+            env={  # a user's exported defaults for record/serve do not clash with --serve: only typed flags do
+                **os.environ,
+                "POLARPROXY_CONTROL_TOKEN": token,
+                "POLARPROXY_DB": str(tmp_path / "mine.db"),
+                "POLARPROXY_BACKEND": "http://127.0.0.1:9",
+                "POLARPROXY_MODEL": str(tiny_model_dir),
+            },
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         summary = json.loads(proc.stdout)

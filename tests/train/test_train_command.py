@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from factories import QWEN3_4B
 from typer.testing import CliRunner
 
 from polarproxy.commands.train import train_command
@@ -117,14 +118,6 @@ def test_two_data_files_with_the_same_calls_train_each_call_once(tmp_path: Path,
     assert len(samples) == len(load_samples([first]))
     assert sorted(c for s in samples for c in s.call_ids) == sorted({c for s in samples for c in s.call_ids})
     assert len(told) == 1 and f"{len(samples)} rows of {again}" in told[0]
-
-
-QWEN3_4B = {  # Qwen3-4B's config.json: the plan needs nothing else (no weights are read)
-    "architectures": ["Qwen3ForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 2560,
-    "intermediate_size": 9728, "max_position_embeddings": 40960, "model_type": "qwen3",
-    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000, "tie_word_embeddings": True, "vocab_size": 151936,
-}  # fmt: skip
 
 
 def test_the_plan_for_qwen3_4b_counts_its_parameters_and_fits_an_80_gb_card(tmp_path: Path) -> None:
