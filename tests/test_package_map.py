@@ -4,6 +4,7 @@ read from the source, lazy and type-only ones included, so an arrow that runs ba
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,17 @@ def test_each_class_name_is_declared_once_across_the_package():
                 seen.setdefault(node.name, []).append(str(path.relative_to(PACKAGE.parent)))
     twice = {name: where for name, where in seen.items() if len(where) > 1}
     assert not twice, twice
+
+
+def test_the_code_explains_itself_not_the_rounds_that_changed_it():
+    """Docstrings and comments say what the code does and why; they do not point at issue numbers, rounds of
+    the benchmark journal, or docs/benchmarks.md (a page of current figures; a bench names where one is
+    measured)."""
+    journal = re.compile(r"issue [0-9]+|[a-z]+th round|benchmarks\.md", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if journal.search(line)
+    ]
+    assert not found, "\n".join(found)

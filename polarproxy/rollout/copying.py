@@ -27,8 +27,8 @@ _CANNOT = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOS
 
 def clone_data(fsrc: BinaryIO, fdst: BinaryIO) -> str:
     """Copy an open file's data into an empty one: a reflink where the file system shares blocks, else a
-    read/write loop (the kernel's copy_file_range measured no faster on ext4: docs/benchmarks.md). Returns the
-    way used ('reflink' or 'read')."""
+    read/write loop (the kernel's copy_file_range measured no faster on ext4, bench/workspace_copy.py).
+    Returns the way used ('reflink' or 'read')."""
     src, dst = fsrc.fileno(), fdst.fileno()
     try:
         fcntl.ioctl(dst, FICLONE, src)

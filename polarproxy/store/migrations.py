@@ -157,7 +157,7 @@ def m001_initial(conn: Connection) -> None:
 
 @migration
 def m002_writers(conn: Connection) -> None:
-    """Issue 5 parts 4-6: who records each running episode (store/owners.py), so that a crashed proxy's
+    """Who records each running episode (store/owners.py), so that a crashed proxy's
     in-flight calls can be told from a live one's. One `writers` row per recording process, with the
     heartbeat it refreshes; `episodes.writer_id` names the process that records the episode."""
     meta = MetaData()
@@ -179,7 +179,7 @@ def m002_writers(conn: Connection) -> None:
 
 @migration
 def m003_calls_prompt_base_index(conn: Connection) -> None:
-    """Issue 5 part 2 (linear-size token storage): calls store prompts as references to earlier calls, so
+    """Linear-size token storage: calls store prompts as references to earlier calls, so
     finding the calls that use a call as their base (finishing it again, deleting an episode: PostgreSQL
     checks the foreign key for every deleted row) must not scan the table."""
     conn.execute(text("CREATE INDEX ix_calls_prompt_base ON calls (prompt_base_call_id)"))
@@ -187,7 +187,7 @@ def m003_calls_prompt_base_index(conn: Connection) -> None:
 
 @migration
 def m004_calls_bodies_delta(conn: Connection) -> None:
-    """Issue 5 part 2: harnesses resend the whole history, so request bodies grew quadratically per
+    """Harnesses resend the whole history, so request bodies grow quadratically per
     episode; a call with a prompt base may store its request body and conversation as compressed edits of
     the base's (store/textdelta.py). Rows written before keep their bodies whole (the column is NULL)."""
     blob = "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
@@ -196,7 +196,7 @@ def m004_calls_bodies_delta(conn: Connection) -> None:
 
 @migration
 def m005_rewards_and_sampling(conn: Connection) -> None:
-    """Issue 11 (rewards, groups, GRPO batches): a `rewards` table that says where each reward came from
+    """Rewards for groups and GRPO batches: a `rewards` table that says where each reward came from
     (a verifier command, `polarproxy reward`, the proxy's HTTP endpoint), and per call the sampling
     temperature and the weight versions of the first and last answer chunks (a weight update mid-call)."""
     meta = MetaData()
@@ -228,7 +228,7 @@ def m005_rewards_and_sampling(conn: Connection) -> None:
 
 @migration
 def m006_episode_keys(conn: Connection) -> None:
-    """Issue 14 (serve as a multi-episode gateway): the API key of each episode created through the control
+    """`serve` as a multi-episode gateway: the API key of each episode created through the control
     API, as a SHA-256 hash (a harness's calls carrying the key belong to the episode), and the order in which
     episodes were finished there (the cursor of the trajectory stream)."""
     meta = MetaData()
@@ -256,7 +256,7 @@ def m006_episode_keys(conn: Connection) -> None:
 
 @migration
 def m007_logprob_temperature(conn: Connection) -> None:
-    """Issue 41 (logprobs at the sampler's temperature): per call, the temperature the backend's logprobs
+    """Logprobs at the sampler's temperature: per call, the temperature the backend's logprobs
     are at (scaled: the sampling temperature; raw: 1). NULL for older calls: derived from the backend kind
     on read."""
     conn.execute(text("ALTER TABLE calls ADD COLUMN logprob_temperature FLOAT"))
@@ -264,7 +264,7 @@ def m007_logprob_temperature(conn: Connection) -> None:
 
 @migration
 def m008_top_p_top_k(conn: Connection) -> None:
-    """Issue 41: per call, the top_p and top_k the gateway sent (a truncated distribution's logprobs are of
+    """Per call, the top_p and top_k the gateway sent (a truncated distribution's logprobs are of
     the untruncated one: export rows flag them)."""
     conn.execute(text("ALTER TABLE calls ADD COLUMN top_p FLOAT"))
     conn.execute(text("ALTER TABLE calls ADD COLUMN top_k INTEGER"))
@@ -272,7 +272,7 @@ def m008_top_p_top_k(conn: Connection) -> None:
 
 @migration
 def m009_reward_grading(conn: Connection) -> None:
-    """Issue 43 (SWE-bench grading): with each reward, the agent's changes as a diff and the grader's
+    """SWE-bench grading: with each reward, the agent's changes as a diff and the grader's
     per-test results (NULL for rewards set otherwise, and for older ones)."""
     conn.execute(text("ALTER TABLE rewards ADD COLUMN patch TEXT"))
     conn.execute(text("ALTER TABLE rewards ADD COLUMN grading_json TEXT"))
@@ -280,6 +280,6 @@ def m009_reward_grading(conn: Connection) -> None:
 
 @migration
 def m010_episode_stages(conn: Connection) -> None:
-    """Issue 43 (comparing harnesses): the seconds each rollout stage of the episode took (prewarm, execute,
+    """Comparing harnesses: the seconds each rollout stage of the episode took (prewarm, execute,
     evaluate), set when it ends; NULL for episodes not run by `rollout`, and for older ones."""
     conn.execute(text("ALTER TABLE episodes ADD COLUMN stages_json TEXT"))
