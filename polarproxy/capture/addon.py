@@ -24,7 +24,8 @@ from mitmproxy.connection import ConnectionState
 
 from polarproxy.capture import inprocess
 from polarproxy.capture.bodies import BodyError, check_depth, read_body, too_large
-from polarproxy.capture.gateway import JSON_HEADERS, Gateway, PendingCall
+from polarproxy.capture.call_run import JSON_HEADERS
+from polarproxy.capture.gateway import Gateway, PendingCall
 from polarproxy.capture.responder import Responder
 from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
 from polarproxy.dialects.resend import ResentBodies

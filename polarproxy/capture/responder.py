@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from polarproxy.capture import inprocess
-from polarproxy.capture.gateway import STOPPING, PendingCall, Sink
+from polarproxy.capture.call_run import Sink
+from polarproxy.capture.gateway import STOPPING, PendingCall
 
 log = logging.getLogger("polarproxy.responder")
 

@@ -521,7 +521,7 @@ class BadRequest(ValueError):
 def _response(status: int, body: bytes) -> http.Response:
     from mitmproxy import http
 
-    from polarproxy.capture.gateway import JSON_HEADERS
+    from polarproxy.capture.call_run import JSON_HEADERS
 
     return http.Response.make(status, body, JSON_HEADERS)
 
