@@ -554,9 +554,8 @@ class _Display:
 
 def _print_summary(s: dict[str, Any]) -> None:
     states = ", ".join(f"{n} {k}" for k, n in sorted(s["states"].items()))
-    typer.echo(
-        f"polarproxy: rollout {s['rollout_id']}: {states} in {s['wall_s']:.1f} s; store {s['db']}", err=True
-    )
+    where = f"store {s['db']}" if s["db"] is not None else f"stored by the serve at {s['serve']}"
+    typer.echo(f"polarproxy: rollout {s['rollout_id']}: {states} in {s['wall_s']:.1f} s; {where}", err=True)
     for task, t in s["tasks"].items():
         mean = "-" if t["mean_reward"] is None else f"{t['mean_reward']:.3f}"
         typer.echo(f"  {task}: mean reward {mean} over {len(t['rewards'])} ({t['states']})", err=True)

@@ -36,7 +36,7 @@ class PriorEpisode:
 class Episodes(Protocol):
     url: str  # http://127.0.0.1:PORT of the gateway
     port: int
-    db: str
+    db: str | None  # where the episodes are stored (passwords hidden); None: a running serve's own store
 
     def create(
         self,
@@ -87,7 +87,7 @@ class ControlEpisodes:
         from urllib.parse import urlsplit
 
         self.port = urlsplit(self.url).port or 80
-        self.db = self.url
+        self.db: str | None = None  # the running serve's store: this client is not told where it is
         self.client = Client(self.url, token)
         self.sampling = sampling
 

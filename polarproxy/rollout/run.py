@@ -304,6 +304,7 @@ def summary(jobs: list[Job], settings: Settings, *, wall_s: float) -> dict[str, 
     return {
         "rollout_id": settings.rollout_id,
         "db": settings.episodes.db,
+        "serve": None if settings.episodes.db is not None else settings.episodes.url,
         "isolation": settings.runner.name,
         "env_passed": passed_env_names(settings),  # the host variables the agents saw (values never shown)
         "wall_s": round(wall_s, 3),

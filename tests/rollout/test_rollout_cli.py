@@ -214,6 +214,7 @@ def test_rollout_against_a_running_serve_through_its_control_api(
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         summary = json.loads(proc.stdout)
+        assert summary["db"] is None and summary["serve"] == url  # its store is the serve's, not named here
         assert summary["tasks"]["greet"]["rewards"] == [1.0, 1.0]
         assert summary["tasks"]["shout"]["rewards"] == [0.0, 0.0]
         assert token not in proc.stdout + proc.stderr
