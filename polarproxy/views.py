@@ -79,15 +79,15 @@ def episodes_table(episodes: list[Episode], total: int | None = None) -> Table:
     for e in episodes:
         table.add_row(
             e.id,
-            e.task or "-",
-            e.group_id or "-",
+            Text(printable(e.task or "-")),  # Text, not str: a recorded "[...]" is not rich markup
+            Text(printable(e.group_id or "-")),
             "-" if e.exit_code is None else str(e.exit_code),
             str(e.calls),
             str(e.tokens),
             _reward(e.reward),
             Text(e.status, style=STATUS_STYLE.get(e.status, "")),
             _short_when(e.started_at),
-            " ".join(e.command),
+            Text(printable(" ".join(e.command))),
         )
     return table
 
@@ -103,9 +103,9 @@ def episodes_plain(episodes: list[Episode]) -> list[str]:
         exit_code = "-" if e.exit_code is None else str(e.exit_code)
         cells = [
             e.id,
-            " ".join(e.command),
-            e.task or "-",
-            e.group_id or "-",
+            printable(" ".join(e.command)),
+            printable(e.task or "-"),
+            printable(e.group_id or "-"),
             exit_code,
             str(e.calls),
             str(e.tokens),
@@ -151,10 +151,11 @@ def call_rows(calls: list[Call], *, with_tokens: bool = False) -> list[dict[str,
 def _messages(call: Call) -> list[tuple[str, str]]:
     out = []
     for m in (call.conversation or {}).get("messages", []):
-        text = m.get("content") or ""
+        content = m.get("content") or ""
+        text = content if isinstance(content, str) else str(content)
         for t in m.get("tool_calls") or []:
-            text += f"\n→ {t['name']}({t['arguments']})"
-        out.append((m["role"], text))
+            text += f"\n→ {t.get('name')}({t.get('arguments')})"
+        out.append((printable(str(m.get("role"))), printable(text, lines=True)))
     return out
 
 
@@ -188,7 +189,7 @@ def render_episode(
             f"  exit {ep.exit_code}  {ep.calls} calls  {ep.tokens} tokens  {_when(ep.started_at)}",
         )
     )
-    console.print(Text("$ " + " ".join(ep.command), style="dim"))
+    console.print(Text("$ " + printable(" ".join(ep.command)), style="dim"))
     if ep.stages:
         console.print(
             Text("stages: " + ", ".join(f"{st} {s:.2f} s" for st, s in ep.stages.items()), style="dim")
@@ -213,9 +214,9 @@ def render_episode(
         )
         console.print(head)
         if c.error:
-            console.print(Text(f"  error: {c.error}", style="red"))
+            console.print(Text(f"  error: {printable(c.error)}", style="red"))
         if c.render_note:
-            console.print(Text(f"  rendered fresh: {c.render_note}", style="yellow"))
+            console.print(Text(f"  rendered fresh: {printable(c.render_note)}", style="yellow"))
         msgs = _messages(c)
         if len(msgs) > 3:
             console.print(Text(f"  ({len(msgs) - 3} earlier messages)", style="dim"))
@@ -225,8 +226,10 @@ def render_episode(
             comp = c.completion
             reply = comp.get("text") or ""
             for t in comp.get("tool_calls") or []:
-                reply += f"\n→ {t['name']}({t['arguments']})"
-            console.print(Text.assemble(("  assistant: ", "bold green"), _short(reply)))
+                reply += f"\n→ {t.get('name')}({t.get('arguments')})"
+            console.print(
+                Text.assemble(("  assistant: ", "bold green"), _short(printable(reply, lines=True)))
+            )
         if show_tokens:
             base = by_id.get(c.extended_from or "") if c.render_mode == "extended" else None
             skip = 0 if full_prompts or base is None else len(base.prompt_ids) + len(base.output_ids)
@@ -238,12 +241,16 @@ def render_episode(
 
 
 PASSING_TESTS = ("PASSED", "XFAIL")
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c not in (0x09,)}
+# C0 and C1 control characters (ESC, and 0x9b: CSI on terminals that take 8-bit controls) but the tab
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c != 0x09}
+_CONTROL_LINES = {c: shown for c, shown in _CONTROL.items() if c != 0x0A}
 
 
-def printable(text: str) -> str:
-    """Text an agent wrote, safe on a terminal: control characters (ESC included) shown as \\xNN."""
-    return text.translate(_CONTROL)
+def printable(text: str, *, lines: bool = False) -> str:
+    """Recorded text (a command, a message, a sampled token: the agent's and the model's), safe on a
+    terminal: control characters (ESC included) shown as \\xNN, so that nothing recorded can move the cursor,
+    retitle the window or clear the screen of whoever reads it. `lines`: newlines kept (multi-line text)."""
+    return text.translate(_CONTROL_LINES if lines else _CONTROL)
 
 
 PATCH_LINES_SHOWN = 60  # of the agent's diff; `show --full` prints it all
@@ -324,7 +331,7 @@ def token_text(
         if trainable and marks and ids:
             out.append(TRAINABLE_OPEN)
         for tid in ids:
-            piece = decode(tid) if decode else f"[{tid}]"
+            piece = printable(decode(tid), lines=True) if decode else f"[{tid}]"
             out.append(piece, style=styles[alt])
             alt = not alt
         if trainable and marks and ids:

@@ -100,3 +100,70 @@ def test_ls_filters_by_status_and_says_how_many_of_how_many(tmp_path):
     assert len(r.stdout.splitlines()) == 2 and "1 of 2 episodes" in r.stderr
     r = CliRunner().invoke(app, ["ls", "--db", str(db), "--status", "done"])
     assert r.exit_code == 2 and "Unknown episode status 'done'" in r.stderr
+
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m"  # retitle the window, clear the screen, an 8-bit CSI
+
+
+def test_recorded_text_cannot_drive_the_readers_terminal(tmp_path):
+    """Commands, tasks, messages, replies, errors and sampled tokens are what agents and models wrote: `show`
+    and `ls` print their control characters as \\xNN (no escape sequence reaches the terminal, and a
+    recorded `[...]` is not rich markup)."""
+    import io
+
+    from rich.console import Console
+
+    from polarproxy.store.records import CallResult, EpisodeStart
+    from polarproxy.views import episodes_table, token_text
+
+    db = tmp_path / "s.db"
+    store = Store.open(db)
+    ep = store.create_episode(
+        EpisodeStart(command=["agent" + HOSTILE], task="t[bold]" + HOSTILE, group_id="g" + HOSTILE)
+    )
+    conversation = {
+        "messages": [
+            {"role": "user", "content": "fix it" + HOSTILE},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "c", "name": "f" + HOSTILE, "arguments": "{}"}],
+            },
+            {"role": "tool", "content": "out\n" + HOSTILE, "tool_call_id": "c"},
+        ],
+        "tools": [],
+        "sampling": {},
+    }
+    from factories import call_start
+
+    cid, _ = store.begin_call(call_start(ep, list(range(100, 110)), conversation=conversation))
+    store.finish_call(
+        cid,
+        CallResult(
+            status="failed",
+            output_ids=[1, 2],
+            output_logprobs=[-0.1, -0.2],
+            error="boom" + HOSTILE,
+            completion={"text": "answer" + HOSTILE, "tool_calls": [], "finish_reason": "stop"},
+        ),
+    )
+    store.finish_episode(ep, status="failed", exit_code=1)
+    episodes = store.list_episodes(limit=None)
+    call = store.list_calls(ep)[0]
+    store.close()
+
+    printed = []
+    for args in (["show", ep], ["show", ep, "--full"], ["ls"]):
+        r = CliRunner().invoke(app, [*args, "--db", str(db)])
+        assert r.exit_code == 0, r.output
+        printed.append(r.stdout)
+    sink = io.StringIO()
+    console = Console(file=sink, force_terminal=True, color_system=None, width=200)  # a terminal, no colours
+    console.print(episodes_table(episodes))
+    console.print(token_text(call, lambda tid: HOSTILE if tid == 2 else "x"))
+    printed.append(sink.getvalue())
+    for out in printed:
+        assert "\x1b" not in out and "\x9b" not in out and "\x07" not in out, repr(out)
+    assert "\\x1b]0;pwned" in printed[0] and "fix it\\x1b" in printed[0] and "answer\\x1b" in printed[0]
+    assert "boom\\x1b" in printed[0] and "f\\x1b" in printed[0] and "agent\\x1b" in printed[2]
+    assert "t[bold]\\x1b" in printed[3] and "\\x9b31m" in printed[3]  # the markup shown as written

@@ -340,7 +340,9 @@ def rollout(
         typer.echo(f"compare them: polarproxy compare --rollout {summary['rollout_id']}", err=True)
     if not ok:
         failed = [e for e in summary["episodes"] if e["state"] == "failed"]
-        first = "; ".join(f"{e['task']}#{e['sample']}: {e['reason']}" for e in failed[:3])
+        from polarproxy.views import printable  # a reason may quote what the agent left (a file name)
+
+        first = "; ".join(f"{e['task']}#{e['sample']}: {printable(str(e['reason']))}" for e in failed[:3])
         typer.echo(
             f"Error: {len(failed)} of {len(summary['episodes'])} episodes failed. First: {first}", err=True
         )
@@ -553,6 +555,8 @@ class _Display:
 
 
 def _print_summary(s: dict[str, Any]) -> None:
+    from polarproxy.views import printable
+
     states = ", ".join(f"{n} {k}" for k, n in sorted(s["states"].items()))
     where = f"store {s['db']}" if s["db"] is not None else f"stored by the serve at {s['serve']}"
     typer.echo(f"polarproxy: rollout {s['rollout_id']}: {states} in {s['wall_s']:.1f} s; {where}", err=True)
@@ -561,4 +565,4 @@ def _print_summary(s: dict[str, Any]) -> None:
         typer.echo(f"  {task}: mean reward {mean} over {len(t['rewards'])} ({t['states']})", err=True)
     for e in s["episodes"]:
         if e["state"] == "failed":
-            typer.echo(f"  failed {e['task']}#{e['sample']}: {e['reason']}", err=True)
+            typer.echo(f"  failed {e['task']}#{e['sample']}: {printable(str(e['reason']))}", err=True)
