@@ -10,48 +10,25 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from demo_support import CLI, REPO, TINY, ensure_tiny, start_backend, step
+
 OUT = REPO / "demo-out"
-TINY = REPO / ".cache" / "demo-tiny"
 DB = OUT / "demo.db"
-CLI = [sys.executable, "-m", "polarproxy"]
-
-
-def step(msg: str) -> None:
-    print(f"\n\033[1m==> {msg}\033[0m", flush=True)
-
-
-def start_backend() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [*CLI, "backend", "--model", str(TINY), "--port", "0", "--max-new-tokens-limit", "256"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        m = re.search(r"on (http://[\d.]+:\d+)", line)
-        if m:
-            return proc, m.group(1)
-    raise SystemExit("the backend did not start")
 
 
 def main() -> int:
     OUT.mkdir(exist_ok=True)
     for f in OUT.glob("demo.db*"):
         f.unlink()
-    if not (TINY / "config.json").is_file():
-        step("building the tiny model (once)")
-        subprocess.run([*CLI, "tiny-model", str(TINY)], check=True)
+    tiny = ensure_tiny()
     step("starting the local backend")
-    backend, url = start_backend()
+    backend, url = start_backend("--max-new-tokens-limit", "256")
     try:
         with tempfile.TemporaryDirectory(prefix="polarproxy-demo-") as ws:
             Path(ws, "README.md").write_text("# Demo workspace\n\nA tiny project for the polarproxy demo.\n")
@@ -65,7 +42,7 @@ def main() -> int:
                     "--backend",
                     url,
                     "--model",
-                    str(TINY),
+                    str(tiny),
                     "--db",
                     str(DB),
                     "--task",

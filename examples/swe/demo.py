@@ -15,22 +15,17 @@ The CLIs come from `make harnesses` (.cache/harnesses); the tests run the same s
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: what the demos share
+from demo_support import CLI, REPO, ensure_tiny, start_backend, step
+
 OUT = REPO / "demo-swe-out"
-TINY = REPO / ".cache" / "demo-tiny"
 BIN = REPO / ".cache" / "harnesses" / "node_modules" / ".bin"
-CLI = [sys.executable, "-m", "polarproxy"]
 HARNESSES = ("qwen", "claude")
-
-
-def step(msg: str) -> None:
-    print(f"\n\033[1m==> {msg}\033[0m", flush=True)
 
 
 def main() -> int:
@@ -44,33 +39,9 @@ def main() -> int:
 
     step("making the five example instances")
     source = suite.build(OUT)
-    if not (TINY / "config.json").is_file():
-        step("building the tiny model (once)")
-        subprocess.run([*CLI, "tiny-model", str(TINY)], check=True)
+    tiny = ensure_tiny()
     step("starting the local backend with the scripted policy")
-    backend = subprocess.Popen(
-        [
-            *CLI,
-            "backend",
-            "--model",
-            str(TINY),
-            "--port",
-            "0",
-            "--script",
-            str(Path(__file__).parent / "policy.yaml"),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert backend.stderr is not None
-    url = None
-    for line in backend.stderr:
-        m = re.search(r"on (http://[\d.]+:\d+)", line)
-        if m:
-            url = m.group(1)
-            break
-    if url is None:
-        raise SystemExit("the backend did not start")
+    backend, url = start_backend("--script", str(Path(__file__).parent / "policy.yaml"), echo=False)
     env = {
         **os.environ,
         # the CLIs, and this venv's python3 with pytest for the graders
@@ -92,7 +63,7 @@ def main() -> int:
                 "--backend",
                 url,
                 "--model",
-                str(TINY),
+                str(tiny),
                 "--db",
                 str(db),
                 "--rollout-id",
