@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polarproxy.export.failures import failure_class
+from polarproxy.printable import printable
 from polarproxy.store.records import Episode
 
 SCHEMA = "compare.v1"
@@ -132,6 +133,7 @@ def _pct(x: float | None) -> str:
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: one table per harness figure, one of tasks by the harnesses that solved them."""
     names = list(report["harnesses"])
+    shown = [printable(n) for n in names]  # harness and task names come from presets and task files
     lines = [
         "| harness | episodes | resolved | 95% interval | pass@k | mean reward | calls/ep | prompt tok/ep | sampled tok/ep | T2 extended | failures | stage s/ep |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -145,12 +147,14 @@ def markdown(report: dict[str, Any]) -> str:
         mean = "-" if h["mean_reward"] is None else f"{h['mean_reward']:.3f}"
         stages = ", ".join(f"{st} {s:.1f}" for st, s in h["stage_s"].items()) or "-"
         lines.append(
-            f"| {name} | {h['episodes']} | {h['resolved']}/{h['rewarded']} ({_pct(h['resolved_rate'])}) | "
+            f"| {printable(name)} | {h['episodes']} | {h['resolved']}/{h['rewarded']} ({_pct(h['resolved_rate'])}) | "
             f"{interval} | {passes} | {mean} | {h['calls_per_episode']:.1f} | "
             f"{h['prompt_tokens_per_episode']:.0f} | {h['sampled_tokens_per_episode']:.0f} | "
             f"{_pct(h['t2_extension_rate'])} | {failures} | {stages} |"
         )
-    lines += ["", "| task | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += ["", "| task | " + " | ".join(shown) + " |", "|---|" + "---|" * len(names)]
     for task, solved in report["tasks"].items():
-        lines.append(f"| {task} | " + " | ".join("solved" if n in solved else "-" for n in names) + " |")
+        lines.append(
+            f"| {printable(task)} | " + " | ".join("solved" if n in solved else "-" for n in names) + " |"
+        )
     return "\n".join(lines) + "\n"

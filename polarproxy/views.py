@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from polarproxy.printable import printable
 from polarproxy.store.records import Call, Episode, RewardRecord
 
 STATUS_STYLE = {
@@ -78,7 +79,7 @@ def episodes_table(episodes: list[Episode], total: int | None = None) -> Table:
         )
     for e in episodes:
         table.add_row(
-            e.id,
+            Text(printable(e.id)),  # IDs made here follow the ID rule; one a harness named is checked too
             Text(printable(e.task or "-")),  # Text, not str: a recorded "[...]" is not rich markup
             Text(printable(e.group_id or "-")),
             "-" if e.exit_code is None else str(e.exit_code),
@@ -102,7 +103,7 @@ def episodes_plain(episodes: list[Episode]) -> list[str]:
     for e in episodes:
         exit_code = "-" if e.exit_code is None else str(e.exit_code)
         cells = [
-            e.id,
+            printable(e.id),
             printable(" ".join(e.command)),
             printable(e.task or "-"),
             printable(e.group_id or "-"),
@@ -183,7 +184,7 @@ def render_episode(
     console.print(
         Text.assemble(
             ("episode ", "bold"),
-            (ep.id, "bold cyan"),
+            (printable(ep.id), "bold cyan"),
             "  ",
             (ep.status, STATUS_STYLE.get(ep.status, "")),
             f"  exit {ep.exit_code}  {ep.calls} calls  {ep.tokens} tokens  {_when(ep.started_at)}",
@@ -208,7 +209,7 @@ def render_episode(
         head = Text.assemble(
             (f"\n#{c.seq} ", "bold"),
             (c.status, STATUS_STYLE.get(c.status, "")),
-            f"  {c.method} {c.path}  {c.dialect}{' stream' if c.stream else ''}  "
+            f"  {printable(c.method)} {printable(c.path)}  {c.dialect}{' stream' if c.stream else ''}  "
             f"prompt {len(c.prompt_ids)} + output {len(c.output_ids)} tokens  finish {c.finish_reason}  "
             f"{(c.latency_ms or 0):.0f} ms  prompt {render}{'' if c.has_tools else '  no tools (side request)'}",
         )
@@ -241,18 +242,6 @@ def render_episode(
 
 
 PASSING_TESTS = ("PASSED", "XFAIL")
-# C0 and C1 control characters (ESC, and 0x9b: CSI on terminals that take 8-bit controls) but the tab
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c != 0x09}
-_CONTROL_LINES = {c: shown for c, shown in _CONTROL.items() if c != 0x0A}
-
-
-def printable(text: str, *, lines: bool = False) -> str:
-    """Recorded text (a command, a message, a sampled token: the agent's and the model's), safe on a
-    terminal: control characters (ESC included) shown as \\xNN, so that nothing recorded can move the cursor,
-    retitle the window or clear the screen of whoever reads it. `lines`: newlines kept (multi-line text)."""
-    return text.translate(_CONTROL_LINES if lines else _CONTROL)
-
-
 PATCH_LINES_SHOWN = 60  # of the agent's diff; `show --full` prints it all
 
 

@@ -132,7 +132,8 @@ class Terminal:
     def __init__(self, here: Path, env: dict[str, str], ports: dict[str, str]) -> None:
         self.here, self.env, self.ports = here, env, ports
         self.cwd = here
-        self.groups: list[int] = []  # process groups of the blocks, stopped at the end
+        self.servers: list[int] = []  # process groups of the blocks that started servers, stopped at the end
+        self.blocks = 0
 
     def substitute(self, code: str) -> str:
         for written, port in self.ports.items():
@@ -142,7 +143,8 @@ class Terminal:
     def run(self, block: Block) -> str:
         code = self.substitute(block.code)
         state = self.here / ".block-state"
-        out = self.here / ".block-output"
+        self.blocks += 1
+        out = self.here / f".block-output-{self.blocks}"  # its own: a server it starts goes on writing there
         if block.lang == "python":
             argv = [sys.executable, "-c", code]
         else:  # the block, then the environment and folder it leaves, for the next block
@@ -157,33 +159,41 @@ class Terminal:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # what it starts with `&` stays in its group, stopped at the end
             )
-            self.groups.append(proc.pid)
             try:
                 code_ = proc.wait(timeout=300)
             except subprocess.TimeoutExpired:
                 code_ = None
+            background = [
+                line
+                for line in code.splitlines()
+                if re.search(r"&\s*(#.*)?$", line) and not re.search(r"&&\s*(#.*)?$", line)
+            ]
+            if background or code_ is None:
+                self.servers.append(proc.pid)
         assert code_ == 0, f"{block.where} exited {code_}:\n{code}\n--- output\n{out.read_text()[-4000:]}"
         if block.lang != "python":
             pairs = [item.split("=", 1) for item in state.read_text().split("\0") if "=" in item]
             self.env = {k: v for k, v in pairs if not k.startswith("BASH_FUNC_") and k not in ("_", "SHLVL")}
             self.cwd = Path((state.with_suffix(".cwd")).read_text().strip())
         served = ""
-        for line in code.splitlines():
-            if re.search(r"&\s*(#.*)?$", line) and not re.search(r"&&\s*(#.*)?$", line):
-                port = re.search(
-                    r"--port (\d+)", line
-                )  # a server it started: listening before the next block
-                assert port, f"{block.where}: a line run in the background names no --port: {line}"
-                self.wait_for(int(port.group(1)), block, out)
-                served += f"listening on {port.group(1)}\n"
+        for line in background:  # a server it started: listening before the next block
+            port = re.search(r"--port (\d+)", line)
+            assert port, f"{block.where}: a line run in the background names no --port: {line}"
+            assert port.group(1) != self.ports["30000"], f"{block.where}: the tests' backend's port: {line}"
+            self.wait_for(int(port.group(1)), proc.pid, block, out)
+            served += f"listening on {port.group(1)}\n"
         return out.read_text(errors="replace") + served
 
-    def wait_for(self, port: int, block: Block, out: Path, timeout: float = 120) -> None:
+    def wait_for(self, port: int, group: int, block: Block, out: Path, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     return
+            try:
+                os.killpg(group, 0)  # the server is still there
+            except ProcessLookupError:
+                raise AssertionError(f"{block.where}: its server ended:\n{out.read_text()}") from None
             time.sleep(0.2)
         raise AssertionError(
             f"{block.where}: nothing listens on {port} after {timeout:g} s:\n{out.read_text()}"
@@ -191,7 +201,7 @@ class Terminal:
 
     def stop(self) -> None:
         for sig in (signal.SIGINT, signal.SIGKILL):
-            for pgid in self.groups:
+            for pgid in self.servers:
                 try:
                     os.killpg(pgid, sig)
                 except ProcessLookupError:

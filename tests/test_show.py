@@ -102,7 +102,7 @@ def test_ls_filters_by_status_and_says_how_many_of_how_many(tmp_path):
     assert r.exit_code == 2 and "Unknown episode status 'done'" in r.stderr
 
 
-HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m"  # retitle the window, clear the screen, an 8-bit CSI
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x9b31m\x7f"  # retitle the window, clear the screen, an 8-bit CSI
 
 
 def test_recorded_text_cannot_drive_the_readers_terminal(tmp_path):
@@ -136,7 +136,10 @@ def test_recorded_text_cannot_drive_the_readers_terminal(tmp_path):
     }
     from factories import call_start
 
-    cid, _ = store.begin_call(call_start(ep, list(range(100, 110)), conversation=conversation))
+    start = call_start(
+        ep, list(range(100, 110)), conversation=conversation, path="/v1/chat/completions?a=" + HOSTILE
+    )
+    cid, _ = store.begin_call(start)
     store.finish_call(
         cid,
         CallResult(
@@ -157,6 +160,9 @@ def test_recorded_text_cannot_drive_the_readers_terminal(tmp_path):
         r = CliRunner().invoke(app, [*args, "--db", str(db)])
         assert r.exit_code == 0, r.output
         printed.append(r.stdout)
+    as_json = CliRunner().invoke(app, ["show", ep, "--db", str(db), "--json"]).stdout
+    assert "\x9b" not in as_json and "\x7f" not in as_json  # raw DEL and C1 (orjson escapes only C0)
+    assert json.loads(as_json)["episode"]["command"] == ["agent" + HOSTILE]  # the same JSON
     sink = io.StringIO()
     console = Console(file=sink, force_terminal=True, color_system=None, width=200)  # a terminal, no colours
     console.print(episodes_table(episodes))
@@ -165,5 +171,10 @@ def test_recorded_text_cannot_drive_the_readers_terminal(tmp_path):
     for out in printed:
         assert "\x1b" not in out and "\x9b" not in out and "\x07" not in out, repr(out)
     assert "\\x1b]0;pwned" in printed[0] and "fix it\\x1b" in printed[0] and "answer\\x1b" in printed[0]
-    assert "boom\\x1b" in printed[0] and "f\\x1b" in printed[0] and "agent\\x1b" in printed[2]
+    assert (
+        "?a=\\x1b" in printed[0]
+        and "boom\\x1b" in printed[0]
+        and "f\\x1b" in printed[0]
+        and "agent\\x1b" in printed[2]
+    )
     assert "t[bold]\\x1b" in printed[3] and "\\x9b31m" in printed[3]  # the markup shown as written

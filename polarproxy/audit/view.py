@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from polarproxy.audit.episodes import SKIP_REASONS, AuditReport, CallAudit, EpisodeAudit, Summary
+from polarproxy.printable import printable
 
 RESULT_STYLE = {"identical": "green", "drifted": "yellow", "skipped": "dim"}
 
@@ -118,7 +119,7 @@ def print_report(console: Console, report: AuditReport) -> None:
     for ep in report.episodes:
         for c in ep.calls:
             if c.error:
-                console.print(Text(f"#{c.seq} {c.call_id}: {c.error}", style="dim"))
+                console.print(Text(f"#{c.seq} {c.call_id}: {printable(c.error)}", style="dim"))
     if report.total.unexpected:
         console.print(
             Text(

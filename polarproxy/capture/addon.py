@@ -30,7 +30,7 @@ from polarproxy.capture.responder import Responder
 from polarproxy.dialects import OPENAI_CHAT, DialectError, route, served_routes
 from polarproxy.dialects.resend import ResentBodies
 from polarproxy.redact import redact_headers, redact_path
-from polarproxy.store.ids import EPISODE_ID
+from polarproxy.store.ids import EPISODE_ID, invalid_episode_header
 from polarproxy.store.records import CallStart, EpisodeStart
 from polarproxy.store.writer import StoreWriter
 
@@ -303,6 +303,12 @@ class Recorder:
         dialect = route(req.method, bare_path)
         if dialect is None:
             self._answer_other(flow, req.method, bare_path)
+            return
+        invalid = None if m is not None or episode is None else invalid_episode_header(episode)
+        if invalid is not None and self.control is None:  # (serve refuses it below, counting the refusal)
+            flow.response = http.Response.make(
+                400, dialect.error(400, invalid, "invalid_episode"), JSON_HEADERS
+            )
             return
         if self.control is not None:  # serve: API keys, and refusals that write nothing
             decided = await self.control.episode_for(req, episode, from_path=m is not None)

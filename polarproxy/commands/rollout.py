@@ -204,7 +204,7 @@ def rollout(
             usage_fail(str(e))
         given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "policy": sampling_policy.value}
         episode_sampling = {k: v for k, v in given.items() if v is not None}
-    if serve is not None and backend_logprobs is not None:
+    if serve is not None and typed("backend_logprobs"):
         usage_fail(
             "--backend-logprobs says what the gateway's backend returns; a running serve knows its own.",
             "Start `polarproxy serve` with it, or drop --serve.",
@@ -340,7 +340,7 @@ def rollout(
         typer.echo(f"compare them: polarproxy compare --rollout {summary['rollout_id']}", err=True)
     if not ok:
         failed = [e for e in summary["episodes"] if e["state"] == "failed"]
-        from polarproxy.views import printable  # a reason may quote what the agent left (a file name)
+        from polarproxy.printable import printable  # a reason may quote what the agent left (a file name)
 
         first = "; ".join(f"{e['task']}#{e['sample']}: {printable(str(e['reason']))}" for e in failed[:3])
         typer.echo(
@@ -555,7 +555,7 @@ class _Display:
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    from polarproxy.views import printable
+    from polarproxy.printable import printable
 
     states = ", ".join(f"{n} {k}" for k, n in sorted(s["states"].items()))
     where = f"store {s['db']}" if s["db"] is not None else f"stored by the serve at {s['serve']}"

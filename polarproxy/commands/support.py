@@ -100,7 +100,10 @@ def safe_text(text: str) -> str:
 def print_json(data: Any) -> None:
     import orjson
 
-    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    from polarproxy.printable import json_printable
+
+    encoded = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+    sys.stdout.write(json_printable(encoded) + "\n")
 
 
 def shown_db(db: str | None) -> str:

@@ -56,7 +56,7 @@ from polarproxy.loopback import is_json, loopback_host
 from polarproxy.redact import redact_argv
 from polarproxy.store import keys
 from polarproxy.store.episodes import valid_stages
-from polarproxy.store.ids import EPISODE_ID, EPISODE_ID_RULE
+from polarproxy.store.ids import EPISODE_ID, invalid_episode_header
 from polarproxy.store.query import EpisodeQuery
 from polarproxy.store.records import EpisodeStart
 from polarproxy.store.rewards import valid_grading
@@ -201,14 +201,9 @@ class Control:
             )
         if named is None:
             return None
-        if not from_path and not EPISODE_ID_RULE.match(named):
-            shown = named if len(named) <= 40 else named[:40] + "..."
-            return Refusal(
-                400,
-                f"Invalid episode ID {shown!r} in the x-polarproxy-episode header: use 1-128 characters of "
-                "A-Z a-z 0-9 _ . : -.",
-                "invalid_episode",
-            )
+        invalid = None if from_path else invalid_episode_header(named)
+        if invalid is not None:
+            return Refusal(400, invalid, "invalid_episode")
         if self.routes.named(named):
             return named
         try:

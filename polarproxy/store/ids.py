@@ -28,6 +28,18 @@ EPISODE_ID = r"[A-Za-z0-9_.:-]{1,128}"
 EPISODE_ID_RULE = re.compile(f"^{EPISODE_ID}$")
 
 
+def invalid_episode_header(named: str) -> str | None:
+    """Why an `x-polarproxy-episode` header's value is refused (None: it follows the rule). Checked in every
+    mode: an ID is stored, listed and printed, so a harness must not choose one with markup or escapes."""
+    if EPISODE_ID_RULE.match(named):
+        return None
+    shown = named if len(named) <= 40 else named[:40] + "..."
+    return (
+        f"Invalid episode ID {shown!r} in the x-polarproxy-episode header: use 1-128 characters of "
+        "A-Z a-z 0-9 _ . : -."
+    )
+
+
 def _encode(value: int, width: int) -> str:
     chars = []
     for _ in range(width):

@@ -140,3 +140,18 @@ def test_a_prompt_past_the_context_is_refused_before_the_backend_and_before_toke
             assert says in error_message("openai_chat", r.json())
         assert stub.cfg.calls == before  # nothing reached the backend
         assert client.post(path, json=valid).status_code == 200
+
+
+def test_an_episode_id_a_harness_names_must_follow_the_id_rule_in_record_mode_too(make_proxy, make_stub):
+    """IDs are stored, listed and printed: a header naming one with escapes or rich markup is refused (400,
+    the format's shape), as `serve` refuses it, and nothing is recorded under it; a good one is recorded."""
+    proxy = make_proxy(make_stub("Fine.").url)
+    path, valid = FORMATS["openai_chat"]("hi")
+    with httpx.Client(base_url=proxy.url, timeout=60) as client:
+        for bad in ("ep[/x]\x1b[2J", "my ep", "x" * 200):
+            r = client.post(path, json=valid, headers={"x-polarproxy-episode": bad})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_episode", bad
+        named = client.post(path, json=valid, headers={"x-polarproxy-episode": "run-1"})
+        assert named.status_code == 200, named.text[:300]
+    ids = {e.id for e in proxy.store.list_episodes(limit=None)}
+    assert "run-1" in ids and not any("\x1b" in i or " " in i or len(i) > 128 for i in ids), ids

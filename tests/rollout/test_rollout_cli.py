@@ -210,6 +210,7 @@ def test_rollout_against_a_running_serve_through_its_control_api(
                 "POLARPROXY_DB": str(tmp_path / "mine.db"),
                 "POLARPROXY_BACKEND": "http://127.0.0.1:9",
                 "POLARPROXY_MODEL": str(tiny_model_dir),
+                "POLARPROXY_BACKEND_LOGPROBS": "raw",
             },
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
