@@ -73,6 +73,30 @@ def record_tool_agent(
     return record_summary(r.stderr)["episode_id"]
 
 
+TWO_GROUPS = {"g1": (1, 0), "g2": (0, 1)}  # each group: two samples, one solved (reward 1) of two
+
+
+def record_groups(
+    backend_url: str,
+    model: Path,
+    where: Path,
+    groups: dict[str, tuple[int, ...]],
+    *extra: str,
+    exit_codes: tuple[int, ...] = (0,),
+) -> Path:
+    """A store in `where` of examples/tool_agent.py recorded in a small workspace of its own: per group, one
+    episode per reward (`record_tool_agent`); the database's path."""
+    ws = where / "ws"
+    ws.mkdir()
+    (ws / "README.md").write_text("# Sample\n\nA sample project.\n")
+    (ws / "main.py").write_text("print('hi')\n")
+    db = where / "rec.db"
+    for group, rewards in groups.items():
+        for reward in rewards:
+            record_tool_agent(backend_url, model, db, ws, group, reward, *extra, exit_codes=exit_codes)
+    return db
+
+
 def call_start(episode_id: str, prompt: list[int], **kw: Any) -> CallStart:
     """A chat-completions CallStart with `prompt`; any field can be given in `kw` (it replaces the default)."""
     fields: dict[str, Any] = {

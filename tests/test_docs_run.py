@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 from docblocks import NOT_RUN, Block, code_blocks
-from factories import QWEN3_4B, record_tool_agent
+from factories import QWEN3_4B, TWO_GROUPS, record_groups
 
 from polarproxy.backends.local.script import Script
 from polarproxy.harness.presets import parse_preset
@@ -51,7 +51,7 @@ OWN_TESTS = {
 PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in OWN_TESTS)
 RUN = ("bash", "sh", "python")
 SHOWN = ("text", "json", "yaml")
-GROUPS = {"g1": (1, 0), "g2": (0, 1)}  # the store a page starts from: two groups, each one solved of two
+GROUPS = TWO_GROUPS  # the store the tests start from
 SAMPLED = ("--temperature", "1", "--sampling-policy", "override")  # samples that differ: a gradient to train
 
 
@@ -115,15 +115,7 @@ def recorded_store(backend, tiny_model_dir: Path, tmp_path_factory: pytest.TempP
     """Two groups of two episodes of examples/tool_agent.py sampled at temperature 1, each group one solved
     (reward 1) of two."""
     where = tmp_path_factory.mktemp("docs-store")
-    ws = where / "ws"
-    ws.mkdir()
-    (ws / "README.md").write_text("# Sample\n\nA sample project.\n")
-    (ws / "main.py").write_text("print('hi')\n")
-    db = where / "polarproxy.db"
-    for group, rewards in GROUPS.items():
-        for reward in rewards:
-            record_tool_agent(backend.url, tiny_model_dir, db, ws, group, reward, *SAMPLED, exit_codes=(0, 1))
-    return db
+    return record_groups(backend.url, tiny_model_dir, where, GROUPS, *SAMPLED, exit_codes=(0, 1))
 
 
 class Terminal:

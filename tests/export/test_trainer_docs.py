@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 from docblocks import NOT_RUN, code_blocks
-from test_trainer_formats import GROUPS, _record
+from factories import record_groups
+from test_trainer_formats import GROUPS
 
 from polarproxy.integrations.verl_replay import AGENT_NAME
 
@@ -49,14 +50,7 @@ def test_each_block_of_the_trainer_docs_runs_here_or_says_why_not_and_parses() -
 
 @pytest.mark.integration
 def test_the_runnable_snippets_of_the_trainer_docs_run_as_written(backend, tiny_model_dir, tmp_path) -> None:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "README.md").write_text("# Sample\n\nA sample project.\n")
-    (ws / "main.py").write_text("print('hi')\n")
-    db = tmp_path / "rec.db"
-    for group, rewards in GROUPS.items():
-        for reward in rewards:
-            _record(backend.url, tiny_model_dir, db, ws, group, reward)
+    db = record_groups(backend.url, tiny_model_dir, tmp_path, GROUPS)
     here = tmp_path / "docs"
     (here / "path" / "to").mkdir(parents=True)
     (here / "path" / "to" / "model").symlink_to(tiny_model_dir)

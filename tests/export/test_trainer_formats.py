@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from factories import call_start
+from factories import TWO_GROUPS, call_start
 from factories import record_tool_agent as _record
 
 from polarproxy.store import CallResult, EpisodeStart, Store
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-GROUPS = {"g1": (1, 0), "g2": (0, 1)}  # each group: two samples, one solved
+GROUPS = TWO_GROUPS  # the store the tests start from
 
 
 def _branch(store: Store, episode_id: str) -> list[str]:
