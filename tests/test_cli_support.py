@@ -228,3 +228,16 @@ def test_sampling_flags_are_refused_where_the_gateway_does_not_sample(tmp_path):
         ],
     )
     assert r.exit_code == 2 and "--top-p 1.5" in r.output
+
+
+def test_an_error_quoting_what_an_agent_named_cannot_drive_the_terminal(capsys):
+    """`Error:` messages may quote a file or task an agent named: markup stays text, escapes become \\xNN."""
+    import typer
+
+    from polarproxy.commands.support import fail
+
+    with pytest.raises(typer.Exit):
+        fail("cannot copy 'a[/]\x1b[2J\x9b1m.py'")
+    err = capsys.readouterr().err
+    assert "\x1b[2J" not in err and "\x9b" not in err, repr(err)
+    assert "a[/]\\x1b[2J\\x9b1m.py" in err, repr(err)

@@ -89,12 +89,14 @@ def _error(message: str, hint: str | None, *, code: int) -> NoReturn:
 
 
 def safe_text(text: str) -> str:
-    """`text` with rich markup escaped and any database password hidden (messages quote URLs and errors)."""
+    """`text` with rich markup escaped, any database password hidden (messages quote URLs and errors) and
+    control characters shown as \\xNN (a message may quote what an agent named: a file, a task)."""
     from rich.markup import escape
 
+    from polarproxy.printable import printable
     from polarproxy.store.urls import hide_passwords
 
-    return escape(hide_passwords(text))
+    return escape(printable(hide_passwords(text), lines=True))
 
 
 def print_json(data: Any) -> None:
