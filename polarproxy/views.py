@@ -97,16 +97,21 @@ def _short_when(ts: float | None) -> str:
     return time.strftime("%m-%d %H:%M", time.localtime(ts)) if ts else "-"
 
 
+def _cell(text: str) -> str:
+    """A recorded value as one tab-separated cell: printable, and a tab in it shown as \\x09 (not a column)."""
+    return printable(text).replace("\t", "\\x09")
+
+
 def episodes_plain(episodes: list[Episode]) -> list[str]:
     """The table as tab-separated lines (a header, then one line per episode), for pipes."""
     lines = ["id\tcommand\ttask\tgroup\texit\tcalls\ttokens\treward\tstatus\tstarted"]
     for e in episodes:
         exit_code = "-" if e.exit_code is None else str(e.exit_code)
         cells = [
-            printable(e.id),
-            printable(" ".join(e.command)),
-            printable(e.task or "-"),
-            printable(e.group_id or "-"),
+            _cell(e.id),
+            _cell(" ".join(e.command)),
+            _cell(e.task or "-"),
+            _cell(e.group_id or "-"),
             exit_code,
             str(e.calls),
             str(e.tokens),

@@ -119,7 +119,7 @@ def test_recorded_text_cannot_drive_the_readers_terminal(tmp_path):
     db = tmp_path / "s.db"
     store = Store.open(db)
     ep = store.create_episode(
-        EpisodeStart(command=["agent" + HOSTILE], task="t[bold]" + HOSTILE, group_id="g" + HOSTILE)
+        EpisodeStart(command=["agent" + HOSTILE], task="t[bold]" + HOSTILE, group_id="g\t0\t" + HOSTILE)
     )
     conversation = {
         "messages": [
@@ -177,4 +177,5 @@ def test_recorded_text_cannot_drive_the_readers_terminal(tmp_path):
         and "f\\x1b" in printed[0]
         and "agent\\x1b" in printed[2]
     )
+    assert len(printed[2].splitlines()[1].split("\t")) == 10  # a tab in a group is not a column of `ls`
     assert "t[bold]\\x1b" in printed[3] and "\\x9b31m" in printed[3]  # the markup shown as written
