@@ -10,7 +10,7 @@ fails validation gets status 200, that error as one event, then ``[DONE]``, as f
 One generation runs at a time (the runner's lock); health and info stay responsive meanwhile. A
 client that disconnects stops its generation. `max_new_tokens_limit` caps every request.
 
-Weight updates follow SGLang (`gate.py`): `/update_weights_from_disk` loads the new folder while the
+Weight updates follow SGLang (`admin.py`, `gate.py`): `/update_weights_from_disk` loads the new folder while the
 old weights keep serving, then waits for the generations in flight to finish and swaps, holding new
 ones back meanwhile, so every call's tokens come from one weight version; a folder that cannot be
 loaded answers `success: false` and changes nothing. The new `weight_version` is the request's, else
@@ -36,8 +36,8 @@ from typing import Any
 
 import orjson
 
-from polarproxy.backends.checkpoint import CheckpointMetaError, read_weight_version
-from polarproxy.backends.local.gate import PAUSE_MODES, GateClosed, Ticket, WeightGate
+from polarproxy.backends.local import admin
+from polarproxy.backends.local.gate import GateClosed, Ticket, WeightGate
 from polarproxy.backends.local.model_runner import GenStep, ModelRunner, SamplingParams
 from polarproxy.backends.local.output_text import IncrementalText, final_text
 from polarproxy.backends.local.request import GenerateRequest, RequestError, json_object, parse_generate
@@ -59,15 +59,7 @@ ABORTED_BY_PAUSE: dict[str, Any] = {
 
 
 # every route but /generate, /health* and the read-only info routes: POST and PUT, and GET /flush_cache
-ADMIN_ROUTES = frozenset(
-    {
-        "/update_weights_from_disk",
-        "/update_weight_version",
-        "/pause_generation",
-        "/continue_generation",
-        "/flush_cache",
-    }
-)
+ADMIN_ROUTES = frozenset({*admin.ANSWERS, "/flush_cache"})
 
 
 class LocalBackendServer(ThreadingHTTPServer):
@@ -247,10 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         handlers = {
             "/generate": self._generate,
-            "/update_weights_from_disk": self._update_weights_from_disk,
-            "/update_weight_version": self._update_weight_version,
-            "/pause_generation": self._pause,
-            "/continue_generation": self._continue,
+            **{route: self._admin(answer) for route, answer in admin.ANSWERS.items()},
             "/flush_cache": lambda _body: self._send(200, b"Cache flushed.\n", "text/plain"),
         }
         handler = handlers.get(path)
@@ -287,6 +276,12 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return True
 
+    def _admin(
+        self, answer: Callable[[LocalBackendServer, dict[str, Any]], tuple[int, dict[str, Any]]]
+    ) -> Any:
+        """A handler of a body that answers an admin route (backends/local/admin.py) with JSON."""
+        return lambda body: self._send_json(*answer(self.server, json_object(body)))
+
     def _health_generate(self) -> None:
         runner = self.server.runner
         if runner.busy:  # a running generation proves health (as in SGLang)
@@ -304,71 +299,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, str(e).encode(), "text/plain")
             return
         self._send(200, b"", "text/plain")
-
-    def _update_weights_from_disk(self, body: bytes) -> None:
-        """SGLang's UpdateWeightFromDiskReqInput: `model_path`, optional `weight_version`,
-        `abort_all_requests` (default false); `flush_cache`, `load_format` and the rest are accepted (this
-        backend keeps no cache). Answers `{success, message, num_paused_requests}`, 400 when it failed."""
-        obj = json_object(body)
-        path = obj.get("model_path")
-        if not isinstance(path, str) or not path:
-            raise RequestError(
-                "model_path must be a non-empty string (a model folder written by save_pretrained)."
-            )
-        version = obj.get("weight_version")
-        if version is not None and not isinstance(version, str):
-            raise RequestError(f"weight_version must be a string, got {version!r}.")
-        srv = self.server
-
-        def failed(message: str) -> None:
-            log.warning("weight update from %s failed: %s", path, message)
-            self._send_json(400, {"success": False, "message": message, "num_paused_requests": 0})
-
-        with srv.swap_lock:
-            try:
-                model = srv.runner.load_checkpoint(Path(path))  # the old weights serve meanwhile
-                if version is None:
-                    version = read_weight_version(path)
-            except (ValueError, CheckpointMetaError) as e:
-                failed(f"Failed to update weights: {e}")
-                return
-            if obj.get("abort_all_requests") is True:
-                srv.gate.abort_all()
-            with srv.gate.swap() as drained:  # waits for the generations in flight unless paused
-                # paused with generations frozen in place: one of them holds the runner, swap under it
-                srv.runner.install_checkpoint(model, path, wait=drained or srv.gate.in_flight == 0)
-                if version is not None:
-                    srv.weight_version = version
-        message = "Succeeded to update model weights."
-        if version is not None:
-            message += f" Weight version updated to {version}."
-        log.info("serving weights from %s (weight version %s)", path, srv.weight_version)
-        self._send_json(200, {"success": True, "message": message, "num_paused_requests": 0})
-
-    def _update_weight_version(self, body: bytes) -> None:
-        obj = json_object(body)
-        version = obj.get("new_version")
-        if not isinstance(version, str):
-            raise RequestError("new_version must be a string.")
-        self.server.weight_version = version
-        self._send_json(
-            200, {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
-        )
-
-    def _pause(self, body: bytes) -> None:
-        """SGLang's PauseGenerationReqInput: `mode` is `abort` (default: abort the generations in
-        flight, answer once none is left), `in_place` or `retract` (freeze them until continued)."""
-        mode = json_object(body).get("mode", "abort")
-        if mode not in PAUSE_MODES:
-            allowed = ", ".join(repr(m) for m in PAUSE_MODES)
-            raise RequestError(f"Invalid mode: {mode!r}. Expected one of [{allowed}].")
-        self.server.gate.pause(mode)
-        self._send_json(200, {"message": "Generation paused successfully.", "status": "ok"})
-
-    def _continue(self, body: bytes) -> None:
-        json_object(body)
-        self.server.gate.resume()
-        self._send_json(200, {"message": "Generation continued successfully.", "status": "ok"})
 
     # -- /generate -------------------------------------------------------------------------------------
 
