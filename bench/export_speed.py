@@ -17,7 +17,7 @@ one after the other, and by the array path from two processes (`jobs2`: `run_exp
 `polarproxy export --jobs 2` does; its CPU figure adds the worker's, its peak memory is the larger of the
 two processes'). Figures per run: seconds, CPU seconds, recorded tokens per second (the prompt + output
 of every call read: the same work for both strategies), written tokens per second and per CPU-second
-(tokens in the rows written: what issue 12's target counts), rows, trainer sequences saved, file size, and
+(tokens in the rows written: what the target counts), rows, trainer sequences saved, file size, and
 the child's peak RSS (VmHWM).
 `--db PATH` keeps the store there and reuses it when it already holds the requested size. `--formats
 jsonl,slime` runs only those formats' exports (`read` names the two read runs), side by side as in a full run.
@@ -28,7 +28,7 @@ result (~25 tokens). The cost of building each turn's prompt is the median of re
 turns 1 (rendered fresh: nothing to extend), 2, 32 and 128, with the ratio turn 128 / turn 1, and beside
 it the cost of rendering the turn-128 conversation fresh (what a system that re-tokenizes pays).
 
-`make bench` runs the export phase a second time at the size issue 12 names for a rollout fleet's
+`make bench` runs the export phase a second time at the size of a rollout fleet's
 trajectories: 250 episodes x 30 calls growing to 32,768 tokens (`--episodes 250 --context 32768
 --no-prompts`), about as many recorded tokens as the default store, in 4x fewer, longer calls. A call's
 fixed cost (its row, its place in the merge) weighs 4x less per written token there.
@@ -38,8 +38,8 @@ bench store has no rewards) run last, each through `run_export` as the command d
 per 10 groups (`{rollout_id}` in the path). nemo-rl's `rollout_details` repeat each turn's whole prompt
 (the RolloutDetail shape), so it writes more tokens than it reads: its rate counts the tokens of the rows.
 
-Targets: >= 10 M written tokens/s for every strategy and format (issue 12), memory flat in the store's size;
-prompt construction at turn 128 within 2x of turn 1 (issue 4).
+Targets: >= 10 M written tokens/s for every strategy and format, memory flat in the store's size;
+prompt construction at turn 128 within 2x of turn 1.
 """
 
 from __future__ import annotations

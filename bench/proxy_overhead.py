@@ -55,8 +55,8 @@ TARGETS: tuple[str, ...] = ("direct", "mitmproxy", "polarproxy")
 PROXIES: tuple[str, ...] = ("mitmproxy", "polarproxy")
 LITELLM = "litellm"  # a fourth target with --litellm BIN: LiteLLM's proxy, the peer users would pick
 CHAT_PATH = "/v1/chat/completions"
-# Issue 12's goals for polarproxy, each against bare mitmproxy in the same run (ratios: these machines are
-# noisy), and the first round's memory goal. (name, limit, "max" or "min")
+# polarproxy's goals, each against bare mitmproxy in the same run (ratios: these machines are
+# noisy), and a memory goal. (name, limit, "max" or "min")
 GOALS = {
     "added_p50_ratio": (1.3, "max"),  # added latency p50, non-streamed
     "added_ttfc_ratio": (1.5, "max"),  # added time to first content, streamed

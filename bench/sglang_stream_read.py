@@ -10,8 +10,8 @@ over the same answer as SGLang 0.5 would send it both ways, in memory, no socket
 token, best of `--rounds`. Both readings must give the same output IDs and logprobs (asserted).
 
 The figures show how far the cumulative reading is from linear (per-token CPU at the longest answer over
-the shortest); the incremental one is the floor. docs/benchmarks.md has the figures before the tail
-reading (a whole parse of every event: ~7 s of CPU for one 4,096-token answer).
+the shortest); the incremental one is the floor. Before the tail reading (a whole parse of every event),
+one 4,096-token answer took ~7 s of CPU (docs/benchmarks-history.md).
 """
 
 from __future__ import annotations

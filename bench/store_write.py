@@ -6,14 +6,14 @@ by side in one run.
 - **write**: W writer processes, each the proxy's own writer (StoreWriter: one thread, group commit) with
   E concurrent agent-like episodes (each call: begin_call with a prompt that extends the previous call by
   its output and new tokens, then finish_call), into one database. Shapes W x E: 1x1 (one serial episode),
-  4x8, 4x32 (issue 12's target shape) and 1x32 (one writer of a fleet node). Reported: calls/s, tokens/s
+  4x8, 4x32 (the target shape: a fleet's 4 writers) and 1x32 (one writer of a fleet node). Reported: calls/s, tokens/s
   (prompt + output tokens of the calls written), the writer processes' CPU per call and the writer
   threads' own. The synthetic agents' calls are made before the clock starts, so the CPU figures are the
   store path's (the writer thread, the asyncio side of awaiting it), not the test harness's. With the
   throwaway cluster, the PostgreSQL server's CPU per call too ("server": its processes, from /proc), since
   on one machine the writers and the server share the cores.
 - **storage**: one 100-turn episode stored linearly (each call stores only the tokens it adds) and whole
-  (every prompt in full, as before issue 5): token-array bytes and the whole database size, each per
+  (every prompt in full, as stores that do not share prefixes keep them): token-array bytes and the whole database size, each per
   distinct token, against the raw size of the distinct tokens (4 bytes per ID).
 - **read**: the 100-turn episode read back with every prompt rebuilt (what export does): calls/s and
   tokens/s.
@@ -373,7 +373,7 @@ def main() -> None:
             results["write"][name] = {  # writers x episodes each
                 "1x1": write(new_db("w1"), 1, 1, calls * 4),
                 "4x8": write(new_db("w32"), 4, 8, calls),
-                "4x32": write(new_db("w128"), 4, 32, max(2, calls // 2)),  # issue 12's target shape
+                "4x32": write(new_db("w128"), 4, 32, max(2, calls // 2)),  # the target shape
                 "1x32": write(new_db("w1x32"), 1, 32, max(2, calls // 2)),  # and its one-writer figure
             }
             if args.write_only:

@@ -63,8 +63,8 @@ FIRST_TOKEN_MS = 20.0
 PER_TOKEN_MS = 2.0
 DIALECTS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 TARGETS = ("direct", "mitmproxy", *DIALECTS)
-# Goals for polarproxy, per format: issue 3's absolute added TTFT (on this VM bare mitmproxy alone adds
-# more), the same ratio to bare mitmproxy as issue 12's streamed first content, and streaming per token.
+# Goals for polarproxy, per format: an absolute added TTFT (on this VM bare mitmproxy alone adds
+# more), the same ratio to bare mitmproxy as proxy_overhead.py's goal for streamed first content, and streaming per token.
 GOALS = {"added_ttft_p50_ms": 2.0, "added_ttft_ratio": 1.5, "chunk_share_min": 0.90}
 PROMPT = "Say the fixed answer."
 WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing in the old green tree "

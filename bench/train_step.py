@@ -21,7 +21,7 @@ backward, AdamW) with the same token budget per micro-batch:
                  (only if `trl` imports; otherwise skipped, and the reason is printed).
 Figures: real (non-padding) tokens per second, tokens the model ran over, seconds per step, and the peak
 RSS growth during the steps (VmHWM after resetting it through /proc/self/clear_refs), each in a fresh
-child process. Target (issue 11): packed >= 2x padded.
+child process. Target: packed >= 2x padded.
 
 Part 2, the ablation: the same synthetic agent episodes (--calls calls each, default 20; every call's
 prompt is the previous prompt + its output + a tool result) exported both ways, in the layout

@@ -83,15 +83,15 @@ def test_each_class_name_is_declared_once_across_the_package():
 
 
 def test_the_code_explains_itself_not_the_rounds_that_changed_it():
-    """Docstrings and comments say what the code does and why; they do not point at issue numbers, rounds of
-    the benchmark journal, or docs/benchmarks.md (a page of current figures; a bench names where one is
-    measured)."""
+    """Docstrings and comments (of the package and its benches) say what the code does and why; they do not
+    point at issue numbers, rounds of the benchmark journal, or docs/benchmarks.md (a page of current
+    figures; a bench names where one is measured)."""
     journal = re.compile(
         r"issue[ #-]*[0-9]+|\b([a-z]+th|first|second|third|last) round\b|benchmarks\.md", re.IGNORECASE
     )
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
-        for path in sorted(PACKAGE.rglob("*.py"))
+        for path in sorted([*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "bench").rglob("*.py")])
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if journal.search(line)
     ]
