@@ -130,10 +130,15 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _md(name: str) -> str:
+    """A name as one Markdown table cell: printable, its `|` escaped (not a column)."""
+    return printable(name).replace("|", "\\|")
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: one table per harness figure, one of tasks by the harnesses that solved them."""
     names = list(report["harnesses"])
-    shown = [printable(n) for n in names]  # harness and task names come from presets and task files
+    shown = [_md(n) for n in names]  # harness and task names come from presets and task files
     lines = [
         "| harness | episodes | resolved | 95% interval | pass@k | mean reward | calls/ep | prompt tok/ep | sampled tok/ep | T2 extended | failures | stage s/ep |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -147,14 +152,12 @@ def markdown(report: dict[str, Any]) -> str:
         mean = "-" if h["mean_reward"] is None else f"{h['mean_reward']:.3f}"
         stages = ", ".join(f"{st} {s:.1f}" for st, s in h["stage_s"].items()) or "-"
         lines.append(
-            f"| {printable(name)} | {h['episodes']} | {h['resolved']}/{h['rewarded']} ({_pct(h['resolved_rate'])}) | "
+            f"| {_md(name)} | {h['episodes']} | {h['resolved']}/{h['rewarded']} ({_pct(h['resolved_rate'])}) | "
             f"{interval} | {passes} | {mean} | {h['calls_per_episode']:.1f} | "
             f"{h['prompt_tokens_per_episode']:.0f} | {h['sampled_tokens_per_episode']:.0f} | "
             f"{_pct(h['t2_extension_rate'])} | {failures} | {stages} |"
         )
     lines += ["", "| task | " + " | ".join(shown) + " |", "|---|" + "---|" * len(names)]
     for task, solved in report["tasks"].items():
-        lines.append(
-            f"| {printable(task)} | " + " | ".join("solved" if n in solved else "-" for n in names) + " |"
-        )
+        lines.append(f"| {_md(task)} | " + " | ".join("solved" if n in solved else "-" for n in names) + " |")
     return "\n".join(lines) + "\n"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 
-# C0 and C1 control characters (ESC, and 0x9b: CSI on terminals that take 8-bit controls) but the tab
+# C0 and C1 control characters (ESC, and 0x9b: CSI on terminals that take 8-bit controls) but the tab, and
+# the Unicode line and paragraph separators (a line break to readers that split on them)
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c != 0x09}
+_CONTROL |= {c: f"\\u{c:04x}" for c in (0x2028, 0x2029)}
 _CONTROL_LINES = {c: shown for c, shown in _CONTROL.items() if c != 0x0A}
 # what a JSON encoder may leave raw in a string (orjson escapes C0, not DEL nor C1)
 _JSON_RAW = re.compile("[\x7f-\x9f]")

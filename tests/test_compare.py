@@ -92,3 +92,19 @@ def test_the_estimators() -> None:
     assert wilson(0, 0) is None
     lo, hi = wilson(0, 10)
     assert lo == 0.0 and 0.2 < hi < 0.35  # a run of failures still leaves room
+
+
+def test_names_are_one_cell_each_and_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    """A task's or harness's name is text: a `|` in it is not a column, an escape is shown as \\xNN."""
+    from polarproxy.cli import make_app
+
+    path = tmp_path / "n.db"
+    with Store.open(str(path)) as store:
+        eid = store.create_episode(EpisodeStart(command=["h"], harness="h|x", task="t|\x1b[2J"))
+        _call(store, eid, [1, 2], [3], "fresh")
+        store.finish_episode(eid, status="ok", exit_code=0)
+        store.set_reward(eid, 1.0)
+    res = CliRunner().invoke(make_app("compare"), ["compare", "--db", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.stdout
+    assert "| h\\|x | 1 |" in res.stdout and "| t\\|\\x1b[2J | solved |" in res.stdout, res.stdout

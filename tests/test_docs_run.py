@@ -160,7 +160,7 @@ class Terminal:
                 for line in code.splitlines()
                 if re.search(r"&\s*(#.*)?$", line) and not re.search(r"&&\s*(#.*)?$", line)
             ]
-            if background or code_ is None:
+            if background or code_ is None:  # (a process started mid-line, `a & b`, is not tracked)
                 self.servers.append(proc.pid)
         assert code_ == 0, f"{block.where} exited {code_}:\n{code}\n--- output\n{out.read_text()[-4000:]}"
         if block.lang != "python":

@@ -31,7 +31,7 @@ from polarproxy.commands.support import (
     ModelOpt,
     fail,
     open_or_explain,
-    safe_text,
+    plain_text,
     usage_fail,
 )
 
@@ -62,7 +62,7 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
         counts = store.call_statuses(outcome.episode_id)  # counted in the store: no call's tokens rebuilt
     except StoreError as e:  # the database stopped taking writes mid-run: they wait in a spool
         typer.echo(
-            safe_text(
+            plain_text(
                 f"polarproxy: episode {outcome.episode_id} is not in the store yet ({e}); its calls wait in a "
                 "spool (named above) until the database takes writes: run `polarproxy db repair` then"
             ),
@@ -86,8 +86,10 @@ def summarize(outcome: Any, db: str | None, *, mode: str, json_out: bool, json_f
         summary["reward_note"] = verified.note
     if getattr(outcome, "reward_error", None):
         summary["reward_error"] = outcome.reward_error
-        typer.echo(f"polarproxy: {safe_text(outcome.reward_error)}", err=True)
-    text = orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n"
+        typer.echo(f"polarproxy: {plain_text(outcome.reward_error)}", err=True)
+    from polarproxy.printable import json_printable  # a verifier's note and error are the agent's text
+
+    text = json_printable(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode()) + "\n"
     if json_file is not None:
         try:
             json_file.write_text(text)

@@ -88,15 +88,20 @@ def _error(message: str, hint: str | None, *, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def safe_text(text: str) -> str:
-    """`text` with rich markup escaped, any database password hidden (messages quote URLs and errors) and
+def plain_text(text: str) -> str:
+    """A message as it may be printed: any database password hidden (messages quote URLs and errors) and
     control characters shown as \\xNN (a message may quote what an agent named: a file, a task)."""
-    from rich.markup import escape
-
     from polarproxy.printable import printable
     from polarproxy.store.urls import hide_passwords
 
-    return escape(printable(hide_passwords(text), lines=True))
+    return printable(hide_passwords(text), lines=True)
+
+
+def safe_text(text: str) -> str:
+    """`plain_text` with rich markup escaped, for a rich console."""
+    from rich.markup import escape
+
+    return escape(plain_text(text))
 
 
 def print_json(data: Any) -> None:
@@ -202,7 +207,7 @@ def open_or_explain(db: str | None) -> Any:
     try:
         store = Store.open(db)
     except Exception as e:
-        typer.echo(safe_text(f"polarproxy: cannot read the store for the summary: {e}"), err=True)
+        typer.echo(plain_text(f"polarproxy: cannot read the store for the summary: {e}"), err=True)
         for line in backlog_lines(db) if db else default_backlog():
             typer.echo(f"polarproxy: {line}", err=True)
         return None
