@@ -95,7 +95,9 @@ def test_a_gzip_bomb_a_bad_gzip_and_a_deep_schema_are_refused_before_parsing(mak
         assert r.status_code == 413 and "max-body-bytes" in error_message("openai_chat", r.json()), r.text[
             :300
         ]
-        assert grew < 64, f"the bomb inflated: RSS grew {grew:.0f} MiB"
+        # inflated whole it is 200 MiB (and copies); bounded, at most --max-body-bytes (32 MiB) and buffers:
+        # 64.4 MiB was seen once on a loaded 2-core machine
+        assert grew < 128, f"the bomb inflated: RSS grew {grew:.0f} MiB"
         bad = client.post(
             path,
             content=b"\x1f\x8b not gzip",
