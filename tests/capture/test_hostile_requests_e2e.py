@@ -68,8 +68,8 @@ def _rss_mib() -> float:
 
 
 def test_a_gzip_bomb_a_bad_gzip_and_a_deep_schema_are_refused_before_parsing(make_proxy, make_stub):
-    """A 200 KB gzip body of 200 MB is refused with 413 without being inflated (this process's memory stays
-    within a few MB); a body that does not decompress gets 400; a tool schema nested past the store's limit
+    """A 200 KB gzip body of 200 MB is refused with 413 without being inflated whole (this process's memory
+    stays far below the 200 MB); a body that does not decompress gets 400; a tool schema nested past the store's limit
     400, each in the format's own shape and recorded as failed, and the proxy serves on."""
     import gzip
     import zlib
