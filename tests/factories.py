@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,14 @@ def shared_template(name: str) -> Path:
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (bound and released: another process may take it before use)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 QWEN3_4B = {  # Qwen3-4B's config.json: the plan needs nothing else (no weights are read)
     "architectures": ["Qwen3ForCausalLM"], "head_dim": 128, "hidden_act": "silu", "hidden_size": 2560,

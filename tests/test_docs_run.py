@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 from docblocks import NOT_RUN, Block, code_blocks
-from factories import QWEN3_4B, TWO_GROUPS, record_groups
+from factories import QWEN3_4B, TWO_GROUPS, free_port, record_groups
 
 from polarproxy.backends.local.script import Script
 from polarproxy.harness.presets import parse_preset
@@ -51,14 +51,7 @@ OWN_TESTS = {
 PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in OWN_TESTS)
 RUN = ("bash", "sh", "python")
 SHOWN = ("text", "json", "yaml")
-GROUPS = TWO_GROUPS  # the store the tests start from
 SAMPLED = ("--temperature", "1", "--sampling-policy", "override")  # samples that differ: a gradient to train
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kind_of(block: Block) -> str:
@@ -115,7 +108,7 @@ def recorded_store(backend, tiny_model_dir: Path, tmp_path_factory: pytest.TempP
     """Two groups of two episodes of examples/tool_agent.py sampled at temperature 1, each group one solved
     (reward 1) of two."""
     where = tmp_path_factory.mktemp("docs-store")
-    return record_groups(backend.url, tiny_model_dir, where, GROUPS, *SAMPLED, exit_codes=(0, 1))
+    return record_groups(backend.url, tiny_model_dir, where, TWO_GROUPS, *SAMPLED, exit_codes=(0, 1))
 
 
 class Terminal:

@@ -18,7 +18,6 @@ import queue
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from factories import free_port
 
 from polarproxy.store.store import Store
 
@@ -40,12 +40,6 @@ def by_hand_block() -> list[str]:
     m = re.search(r"^## By hand\n+```\n(.*?)^```", text, re.S | re.M)
     assert m, "README.md has no '## By hand' fenced block"
     return [line for line in m.group(1).splitlines() if line.strip()]
-
-
-def free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def argv_of(line: str, port: str) -> tuple[list[str], bool]:
@@ -94,7 +88,7 @@ def here(tmp_path: Path) -> Iterator[Path]:
 
 def test_the_readme_by_hand_block_runs_as_written(here: Path, tiny_model_dir: Path) -> None:
     lines = by_hand_block()
-    port = free_port()
+    port = str(free_port())
     db = here / "polarproxy.db"
     env = {
         **os.environ,

@@ -326,10 +326,11 @@ class Recorder:
             )
             flow.response = http.Response.make(400, dialect.error(400, message, "no_episode"), JSON_HEADERS)
             return
-        named = episode != self.default_episode or self.default_start is None
-        await self.writer.ensure_episode(
-            episode, EpisodeStart(command=["serve"]) if named else self.default_start
-        )
+        if not self.writer.knows_episode(episode):  # its first call here creates it (per call: a set lookup)
+            named = episode != self.default_episode or self.default_start is None
+            await self.writer.ensure_episode(
+                episode, EpisodeStart(command=["serve"]) if named else self.default_start
+            )
         limit = self.gateway.options.max_body_bytes
         try:
             body: bytes | None = read_body(req.raw_content or b"", req.headers.get("content-encoding"), limit)

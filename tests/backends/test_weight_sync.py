@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from factories import free_port
 from sglang_double import SGLangDouble
 from vllm_double import VLLMDouble
 
@@ -31,12 +31,6 @@ def checkpoint(root: Path, name: str, version: str | None = None) -> Path:
     if version is not None:
         (folder / "polarproxy.json").write_text(json.dumps({"weight_version": version}))
     return folder
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -3,10 +3,9 @@ each answered with that format's own error shape, recorded with the reason, and 
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
+from factories import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -47,12 +46,6 @@ def error_message(dialect: str, body: dict) -> str:
 
 
 FORMATS = {"openai_chat": chat, "openai_responses": responses, "anthropic": anthropic, "gemini": gemini}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("dialect", FORMATS)

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import httpx
 import orjson
 import pytest
+from factories import free_port
 
 from polarproxy.sse import SSEDecoder
 
@@ -29,12 +30,6 @@ def wait_for(pred, timeout=10.0):
             return True
         time.sleep(0.05)
     return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_malformed_json_gets_a_400_and_a_failed_record_and_the_proxy_keeps_serving(make_stub, make_proxy):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -10,18 +9,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from factories import free_port
 
 from polarproxy.store.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_mitmdump_loads_the_recorder_and_records_calls(make_stub, tiny_model_dir, tmp_path):

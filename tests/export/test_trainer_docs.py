@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from docblocks import NOT_RUN, code_blocks
-from factories import record_groups
-from test_trainer_formats import GROUPS
+from factories import TWO_GROUPS, record_groups
 
 from polarproxy.integrations.verl_replay import AGENT_NAME
 
@@ -50,7 +49,7 @@ def test_each_block_of_the_trainer_docs_runs_here_or_says_why_not_and_parses() -
 
 @pytest.mark.integration
 def test_the_runnable_snippets_of_the_trainer_docs_run_as_written(backend, tiny_model_dir, tmp_path) -> None:
-    db = record_groups(backend.url, tiny_model_dir, tmp_path, GROUPS)
+    db = record_groups(backend.url, tiny_model_dir, tmp_path, TWO_GROUPS)
     here = tmp_path / "docs"
     (here / "path" / "to").mkdir(parents=True)
     (here / "path" / "to" / "model").symlink_to(tiny_model_dir)

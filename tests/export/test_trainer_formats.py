@@ -25,7 +25,6 @@ from polarproxy.store import CallResult, EpisodeStart, Store
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-GROUPS = TWO_GROUPS  # the store the tests start from
 
 
 def _branch(store: Store, episode_id: str) -> list[str]:
@@ -92,7 +91,7 @@ def recorded(backend, tiny_model_dir, tmp_path_factory):
     db = tmp_path_factory.mktemp("db") / "rec.db"
     episodes = {
         (g, i): _record(backend.url, tiny_model_dir, db, ws, g, r)
-        for g, rs in GROUPS.items()
+        for g, rs in TWO_GROUPS.items()
         for i, r in enumerate(rs)
     }
     with Store.open(str(db)) as store:
